@@ -1,0 +1,82 @@
+"""Shared fixtures: offline environment, the shipped tiny model, and a one-step gradient harness."""
+
+from __future__ import annotations
+
+import os
+
+# Tests never touch the network: set before transformers/TRL are imported anywhere.
+for _key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "TRL_EXPERIMENTAL_SILENCE"):
+    os.environ[_key] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from trl_groupx.toy import arithmetic_dataset, load_tiny_tokenizer, tiny_model_path  # noqa: E402
+
+
+def parity_reward(completions, **kwargs) -> list[float]:
+    """Deterministic, mixed 0/1 reward (odd completion length → 1), so every group has variance to learn from."""
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    return [float(len(t) % 2) for t in texts]
+
+
+def base_config_kwargs(tmp_path, **overrides) -> dict:
+    kwargs = dict(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        bf16=False,
+        num_generations=4,
+        per_device_train_batch_size=8,
+        max_completion_length=6,
+        max_steps=1,
+        learning_rate=1e-3,
+        report_to="none",
+        logging_steps=1,
+        gradient_checkpointing=False,
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+    )
+    kwargs.update(overrides)
+    return kwargs
+
+
+def build_trainer(trainer_cls, config_cls, tmp_path, *, peft=False, reward_funcs=None, dataset=None, **overrides):
+    from peft import LoraConfig
+
+    args = config_cls(**base_config_kwargs(tmp_path, **overrides))
+    return trainer_cls(
+        model=tiny_model_path(),
+        reward_funcs=reward_funcs if reward_funcs is not None else parity_reward,
+        train_dataset=dataset if dataset is not None else arithmetic_dataset(64, seed=0),
+        processing_class=load_tiny_tokenizer(),
+        args=args,
+        peft_config=LoraConfig(r=8, lora_alpha=16, target_modules="all-linear") if peft else None,
+    )
+
+
+def one_step(trainer, seed: int = 0):
+    """Generate one batch, compute the loss and backprop once: returns (loss, {param name: grad}, inputs)."""
+    trainer.model.train()
+    torch.manual_seed(seed)
+    batch = next(iter(trainer.get_train_dataloader()))
+    torch.manual_seed(seed)
+    inputs = trainer._prepare_inputs(batch)
+    trainer.model.zero_grad(set_to_none=True)
+    loss = trainer.compute_loss(trainer.model, inputs)
+    loss.backward()
+    grads = {
+        n: p.grad.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad and p.grad is not None
+    }
+    return loss.detach(), grads, inputs
+
+
+def grads_differ(a: dict, b: dict, atol: float = 1e-7) -> bool:
+    assert a.keys() == b.keys()
+    return any(not torch.allclose(a[k], b[k], atol=atol, rtol=0) for k in a)
+
+
+@pytest.fixture
+def tokenizer():
+    return load_tiny_tokenizer()

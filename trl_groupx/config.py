@@ -1,0 +1,160 @@
+"""`GRPOConfig`: TRL's config plus one selector field per stage and the variants' own hyper-parameters.
+
+With every new field at its default, the config is TRL's and training is TRL's, number for number. Bad values
+and contradictory combinations raise `ValueError` here, at construction, naming the flag and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import trl
+
+from .objective import AGGREGATIONS, TRL_LOSS_AGGREGATION
+from .registry import SELECTORS, dispatchable_ids, get_variant, list_variants
+
+TRL_LOSS_TYPES: tuple[str, ...] = tuple(TRL_LOSS_AGGREGATION)
+
+
+@dataclass
+class GRPOConfig(trl.GRPOConfig):
+    r"""Configuration for `trl_groupx.GRPOTrainer`: every argument of
+    [`trl.GRPOConfig`](https://huggingface.co/docs/trl/grpo_trainer), plus:
+
+    > Stage selectors (set a stage's field to a variant id; `trl-groupx list` shows them)
+
+    rollout_filter (`str` or `None`, *optional*, defaults to `None`):
+        Sampling-stage variant that drops rollouts after generation.
+    advantage_estimator (`str`, *optional*, defaults to `"grpo"`):
+        Advantage-stage variant. `"grpo"` keeps TRL's computation (`scale_rewards`, `multi_objective_aggregation`).
+    token_weighting (`str` or `None`, *optional*, defaults to `None`):
+        Token-weight-stage variant turning sequence advantages into per-token advantages.
+    loss_type (`str`, *optional*, defaults to `"dapo"`):
+        TRL's loss types, plus the objective variants of this package (e.g. `"gmpo"`).
+    loss_aggregation (`str` or `None`, *optional*, defaults to `None`):
+        Normaliser for a trl_groupx objective: `"sequence_mean"`, `"token_mean"`, `"global_token_mean"`,
+        `"constant"` or `"sequence_sum"`. `None` uses the objective's paper default. TRL's loss types fix their own.
+
+    > Variant hyper-parameters (each belongs to one variant; setting it while that variant is off is an error)
+
+    gmpo_clip (`float`, defaults to `0.4`): GMPO's log-space clip `c`.
+    gtpo_level (`str`, defaults to `"token"`): `"token"` (GTPO) or `"sequence"` (GRPO-S).
+    gtpo_alpha1 (`float`, defaults to `1.0`): GTPO α1 / GRPO-S β1, the outcome term.
+    gtpo_alpha2 (`float`, defaults to `0.1`): GTPO α2 / GRPO-S β2, the entropy term.
+    gtpo_normalization (`str`, defaults to `"separate"`): GTPO Eq. 6: `"separate"` z-scores the tokens of successful
+        and failed completions apart; `"joint"` uses one z-score over all tokens.
+    gtpo_success_threshold (`float`, defaults to `0.0`): a completion is successful when its reward exceeds it.
+    """
+
+    rollout_filter: str | None = field(
+        default=None, metadata={"help": "Sampling-stage variant id (post-generation filter), or None."}
+    )
+    advantage_estimator: str = field(
+        default="grpo", metadata={"help": "Advantage-stage variant id; 'grpo' keeps TRL's own computation."}
+    )
+    token_weighting: str | None = field(
+        default=None, metadata={"help": "Token-weight-stage variant id, or None for sequence-level advantages."}
+    )
+    loss_aggregation: str | None = field(
+        default=None,
+        metadata={"help": f"Normaliser for trl_groupx objectives, one of {AGGREGATIONS}; None = paper default."},
+    )
+    gmpo_clip: float = field(default=0.4, metadata={"help": "GMPO: log-space clip c of each token log-ratio."})
+    gtpo_level: str = field(default="token", metadata={"help": "GTPO: 'token' (GTPO) or 'sequence' (GRPO-S)."})
+    gtpo_alpha1: float = field(default=1.0, metadata={"help": "GTPO: outcome weight α1 (GRPO-S β1)."})
+    gtpo_alpha2: float = field(default=0.1, metadata={"help": "GTPO: entropy weight α2 (GRPO-S β2)."})
+    gtpo_normalization: str = field(
+        default="separate", metadata={"help": "GTPO Eq. 6: 'separate' (success/failure apart) or 'joint'."}
+    )
+    gtpo_success_threshold: float = field(
+        default=0.0, metadata={"help": "GTPO: a completion is successful when its reward exceeds this."}
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        validate_config(self)
+
+    def active_variants(self) -> dict[str, str]:
+        """Stage → id of the dispatched variant, for the stages that have one."""
+        selected = {stage: getattr(self, selector) for stage, selector in SELECTORS.items()}
+        return {stage: vid for stage, vid in selected.items() if vid in dispatchable_ids(stage)}
+
+
+def validate_config(config: GRPOConfig) -> None:
+    """Raise `ValueError` for unknown variant ids, orphan hyper-parameters and incompatible combinations."""
+    _check_selectors(config)
+    active = set(config.active_variants().values())
+    _check_orphan_params(config, active)
+
+    custom_objective = config.loss_type not in TRL_LOSS_TYPES
+    if config.loss_aggregation is not None:
+        if not custom_objective:
+            raise ValueError(
+                f"loss_aggregation={config.loss_aggregation!r} only applies to trl_groupx objectives; TRL's "
+                f"loss_type={config.loss_type!r} fixes its own normaliser "
+                f"({TRL_LOSS_AGGREGATION[config.loss_type]!r}). Unset loss_aggregation or pick another loss_type."
+            )
+        if config.loss_aggregation not in AGGREGATIONS:
+            raise ValueError(f"loss_aggregation={config.loss_aggregation!r} is unknown; use one of {AGGREGATIONS}.")
+    if custom_objective:
+        if config.entropy_coef != 0.0 or config.use_adaptive_entropy:
+            raise ValueError(
+                f"loss_type={config.loss_type!r} does not support TRL's entropy bonus yet; set entropy_coef=0 and "
+                "use_adaptive_entropy=False, or use one of TRL's loss types."
+            )
+        if config.importance_sampling_level != "token":
+            raise ValueError(
+                f"loss_type={config.loss_type!r} defines its own importance ratio; leave "
+                "importance_sampling_level='token'."
+            )
+        if config.delta is not None:
+            raise ValueError(f"delta (two-sided clipping) does not apply to loss_type={config.loss_type!r}; unset it.")
+
+    if config.advantage_estimator != "grpo":
+        if config.multi_objective_aggregation != "sum_then_normalize":
+            raise ValueError(
+                f"advantage_estimator={config.advantage_estimator!r} replaces TRL's advantage computation, so "
+                "multi_objective_aggregation='normalize_then_sum' (GDPO) would be ignored; use one or the other."
+            )
+        if config.scale_rewards != "group":
+            raise ValueError(
+                f"advantage_estimator={config.advantage_estimator!r} replaces TRL's advantage computation, so "
+                f"scale_rewards={config.scale_rewards!r} would be ignored; leave scale_rewards at its default."
+            )
+    if config.gtpo_level not in ("token", "sequence"):
+        raise ValueError(f"gtpo_level must be 'token' (GTPO) or 'sequence' (GRPO-S), got {config.gtpo_level!r}.")
+    if config.gtpo_normalization not in ("separate", "joint"):
+        raise ValueError(f"gtpo_normalization must be 'separate' or 'joint', got {config.gtpo_normalization!r}.")
+
+
+def _check_selectors(config: GRPOConfig) -> None:
+    for stage, selector in SELECTORS.items():
+        value = getattr(config, selector)
+        allowed = dispatchable_ids(stage)
+        builtin = {"objective": list(TRL_LOSS_TYPES), "advantages": ["grpo"]}.get(stage, [None])
+        if value in builtin or value in allowed:
+            continue
+        hint = ""
+        try:
+            variant = get_variant(value)
+            hint = f" {value!r} belongs to the {variant.stage} stage; switch it on with {dict(variant.flags)}."
+        except (KeyError, TypeError):
+            pass
+        raise ValueError(
+            f"{selector}={value!r} is not a variant of the {stage} stage.{hint} Choose one of "
+            f"{[v for v in builtin if v is not None] + allowed}" + (" or None." if None in builtin else ".")
+        )
+
+
+def _check_orphan_params(config: GRPOConfig, active: set[str]) -> None:
+    defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
+    for variant in list_variants():
+        if variant.id in active:
+            continue
+        for name in variant.params:
+            if getattr(config, name) != defaults[name]:
+                raise ValueError(
+                    f"{name}={getattr(config, name)!r} belongs to variant {variant.id!r}, which is not switched on; "
+                    f"set {variant.selector}={variant.id!r} or drop {name}."
+                )

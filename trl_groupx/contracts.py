@@ -1,0 +1,130 @@
+"""The four stage contracts: what a variant's pure function receives and returns.
+
+Notation: `N` rollouts in the (global) generation batch, laid out as `N / G` contiguous groups of `G` rollouts
+(`G = num_generations`); `K` reward functions; `T` completion length (padded); masks are 1 on real completion
+tokens and 0 on padding. Keyword-only arguments of a variant's function are filled from the `GRPOConfig` field of
+the same name, so a variant declares its hyper-parameters by naming them.
+
+Sampling (`rollout_filter`)
+    `fn(batch: RolloutBatch, *, <config fields>) -> keep (N,) bool`. Rollouts with `keep=False` stay in the batch
+    (group shapes and process slices are fixed) but get advantage 0 and completion mask 0, so they neither move
+    the policy nor count in any normaliser.
+
+Advantages (`advantage_estimator`)
+    `fn(rewards: (N,) or (N, K), group_size: int, *, <config fields>) -> advantages (N,)`. `rewards` is the
+    weighted sum of the reward functions (or the per-function matrix for multi-reward aggregators), gathered over
+    all processes; NaN marks a rollout that no reward function scored. Contract: NaN rewards are excluded from
+    every group statistic and get advantage 0; the output is finite.
+
+Token weights (`token_weighting`)
+    `fn(advantages: (N,), ctx: TokenContext, *, <config fields>) -> advantages (N, T)`. Values at padding
+    positions are ignored by the loss but must be finite; statistics must never read them.
+
+Objective (`loss_type`)
+    `fn(ctx: ObjectiveContext, *, <config fields>) -> per-token loss (N, T)` (or `(N, 1)`, broadcast over
+    tokens). The surrogate only; the normaliser is `trl_groupx.objective.aggregate`, chosen by `loss_aggregation`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from trl.trainer.utils import nanstd as trl_nanstd
+
+
+@dataclass
+class RolloutBatch:
+    """Global generation batch handed to a sampling-stage filter.
+
+    Attributes:
+        rewards (`torch.Tensor`): `(N,)` weighted rewards, NaN where unscored.
+        completion_lengths (`torch.Tensor`): `(N,)` number of completion tokens.
+        group_size (`int`): `G`.
+    """
+
+    rewards: torch.Tensor
+    completion_lengths: torch.Tensor
+    group_size: int
+
+
+@dataclass
+class TokenContext:
+    """Per-token inputs of the token-weight stage, all `(N, T)` and aligned with the completion tokens.
+
+    Attributes:
+        completion_mask (`torch.Tensor`): 1 on completion tokens, 0 on padding.
+        group_size (`int`): `G`; rows `g*G ... g*G+G-1` are one group.
+        entropies (`torch.Tensor` or `None`): policy entropy at each position (rollout policy, detached).
+        logps (`torch.Tensor` or `None`): log-probability of each sampled token under the rollout policy.
+        ref_logps (`torch.Tensor` or `None`): same under the reference model (only when `beta != 0`).
+        completion_ids (`torch.Tensor` or `None`): the sampled token ids.
+        rewards (`torch.Tensor` or `None`): `(N,)` rewards behind the advantages.
+    """
+
+    completion_mask: torch.Tensor
+    group_size: int
+    entropies: torch.Tensor | None = None
+    logps: torch.Tensor | None = None
+    ref_logps: torch.Tensor | None = None
+    completion_ids: torch.Tensor | None = None
+    rewards: torch.Tensor | None = None
+
+
+@dataclass
+class ObjectiveContext:
+    """Inputs of an objective's per-token surrogate, for one micro-batch of `B` rollouts.
+
+    Attributes:
+        logps (`torch.Tensor`): `(B, T)` log-probs of the sampled tokens under the current policy (with grad).
+        old_logps (`torch.Tensor`): `(B, T)` same under the rollout policy (detached).
+        advantages (`torch.Tensor`): `(B, T)` or `(B, 1)` advantages.
+        mask (`torch.Tensor`): `(B, T)` loss mask (completion mask times tool mask).
+        entropies (`torch.Tensor` or `None`): `(B, T)` current-policy entropies (detached).
+    """
+
+    logps: torch.Tensor
+    old_logps: torch.Tensor
+    advantages: torch.Tensor
+    mask: torch.Tensor
+    entropies: torch.Tensor | None = None
+
+
+def config_kwargs(fn: Callable[..., Any], config: Any) -> dict[str, Any]:
+    """Values of the keyword-only parameters of `fn`, read from `config` fields of the same name."""
+    kwargs = {}
+    for name, param in inspect.signature(fn).parameters.items():
+        if param.kind is inspect.Parameter.KEYWORD_ONLY:
+            if not hasattr(config, name):
+                raise AttributeError(f"{fn.__qualname__} reads config field {name!r}, which GRPOConfig lacks.")
+            kwargs[name] = getattr(config, name)
+    return kwargs
+
+
+# --- group helpers shared by the stages -------------------------------------------------------------------------
+
+
+def grouped(x: torch.Tensor, group_size: int) -> torch.Tensor:
+    """View `(N, ...)` as `(N/G, G, ...)`; a clear error when `N` is not a multiple of `G`."""
+    if x.shape[0] % group_size != 0:
+        raise ValueError(f"{x.shape[0]} rollouts do not split into groups of {group_size}.")
+    return x.view(x.shape[0] // group_size, group_size, *x.shape[1:])
+
+
+def nan_group_mean(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Mean of each group over its non-NaN members, broadcast back to `(N,)` (NaN for an all-NaN group)."""
+    return torch.nanmean(grouped(rewards, group_size), dim=1).repeat_interleave(group_size)
+
+
+def nan_std(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> torch.Tensor:
+    """Unbiased (Bessel) std over non-NaN entries; NaN where fewer than two. TRL's own `nanstd`, so that our
+    numbers match TRL's bit for bit."""
+    return trl_nanstd(x, dim=dim, keepdim=keepdim)
+
+
+def nan_group_std(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Unbiased std of each group over its non-NaN members, broadcast back to `(N,)`."""
+    return nan_std(grouped(rewards, group_size), dim=1).repeat_interleave(group_size)

@@ -1,0 +1,197 @@
+"""The one registry of GRPO variants.
+
+Every variant is a pure function registered under its catalog id, together with the metadata needed to list it,
+validate a config against it and cite it. The registry is the only list of names in the package: the config
+validates against it, the trainer dispatches through it, the CLI prints it. Nothing else names a variant.
+
+A variant is *dispatched* through a stage selector: the config field that picks the variant of a stage
+(`advantage_estimator`, `token_weighting`, `loss_type`, `rollout_filter`) set to the variant's id. Variants that
+TRL already implements are registered with `native=True`: their `flags` are the TRL arguments that reproduce the
+paper, and their `fn` is our pure reference implementation of the same formula (tested against TRL's numbers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Stage = Literal["sampling", "advantages", "token_weights", "objective"]
+STAGES: tuple[Stage, ...] = ("sampling", "advantages", "token_weights", "objective")
+
+# The config field that selects the active variant of each stage. `loss_type` is TRL's own field, extended.
+SELECTORS: dict[Stage, str] = {
+    "sampling": "rollout_filter",
+    "advantages": "advantage_estimator",
+    "token_weights": "token_weighting",
+    "objective": "loss_type",
+}
+
+# Inputs the trainer can compute for a variant when it declares it needs them.
+KNOWN_REQUIREMENTS = frozenset({"entropies", "old_logps", "ref_logps", "rewards_per_func", "group_structure"})
+
+_ID_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One registered variant.
+
+    Attributes:
+        id (`str`): catalog id (`../shared/catalog.md`), lowercase snake case; also the selector value.
+        name (`str`): human name, e.g. `"GMPO (Geometric-Mean Policy Optimization)"`.
+        paper (`str`): title and arXiv id or URL.
+        official_code (`str` or `None`): `repo@commit:path` of the official implementation, or `None`.
+        stage (`Stage`): the pipeline stage the variant changes.
+        flags (`Mapping[str, Any]`): `GRPOConfig` keyword arguments that switch the variant on with the paper's
+            defaults.
+        fn (`Callable`): the pure core function (contracts in `trl_groupx/contracts.py`).
+        needs (`tuple[str, ...]`): components the user must supply (dataset columns, callables); empty for most.
+        requires (`tuple[str, ...]`): inputs the trainer must compute for it (subset of `KNOWN_REQUIREMENTS`).
+        params (`tuple[str, ...]`): config fields owned by this variant; setting one while the variant is off is an
+            error.
+        native (`bool`): TRL implements it; the trainer leaves the computation to TRL.
+        bibtex (`str` or `None`): BibTeX entry for model cards.
+    """
+
+    id: str
+    name: str
+    paper: str
+    official_code: str | None
+    stage: Stage
+    flags: Mapping[str, Any]
+    fn: Callable[..., Any]
+    needs: tuple[str, ...] = ()
+    requires: tuple[str, ...] = ()
+    params: tuple[str, ...] = ()
+    native: bool = False
+    bibtex: str | None = None
+
+    @property
+    def selector(self) -> str:
+        return SELECTORS[self.stage]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "paper": self.paper,
+            "official_code": self.official_code,
+            "stage": self.stage,
+            "flags": dict(self.flags),
+            "fn": self.fn,
+            "needs": self.needs,
+            "requires": self.requires,
+            "params": self.params,
+            "native": self.native,
+        }
+
+
+@dataclass
+class _Registry:
+    variants: dict[str, Variant] = field(default_factory=dict)
+
+    def add(self, variant: Variant) -> Variant:
+        if not _ID_PATTERN.match(variant.id):
+            raise ValueError(f"Variant id {variant.id!r} must be lowercase snake case.")
+        if variant.id in self.variants:
+            raise ValueError(f"Variant id {variant.id!r} is already registered; ids are unique across all stages.")
+        if variant.stage not in STAGES:
+            raise ValueError(f"Variant {variant.id!r}: unknown stage {variant.stage!r}; expected one of {STAGES}.")
+        unknown = set(variant.requires) - KNOWN_REQUIREMENTS
+        if unknown:
+            raise ValueError(f"Variant {variant.id!r} requires unknown inputs {sorted(unknown)}.")
+        if not variant.native and variant.flags.get(variant.selector) != variant.id:
+            raise ValueError(
+                f"Variant {variant.id!r}: its flags must set {variant.selector}={variant.id!r} so that it can be "
+                "dispatched."
+            )
+        self.variants[variant.id] = variant
+        return variant
+
+
+_REGISTRY = _Registry()
+
+
+def register(
+    id: str,
+    *,
+    name: str,
+    paper: str,
+    official_code: str | None,
+    stage: Stage,
+    flags: Mapping[str, Any] | None = None,
+    needs: tuple[str, ...] = (),
+    requires: tuple[str, ...] = (),
+    params: tuple[str, ...] = (),
+    native: bool = False,
+    bibtex: str | None = None,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator registering a pure function as the core of variant `id`.
+
+    For a dispatched (non-native) variant `flags` defaults to `{selector: id}`.
+    """
+
+    def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
+        resolved_flags = dict(flags) if flags is not None else {SELECTORS[stage]: id}
+        _REGISTRY.add(
+            Variant(
+                id=id,
+                name=name,
+                paper=paper,
+                official_code=official_code,
+                stage=stage,
+                flags=resolved_flags,
+                fn=fn,
+                needs=needs,
+                requires=requires,
+                params=params,
+                native=native,
+                bibtex=bibtex,
+            )
+        )
+        return fn
+
+    return decorator
+
+
+def list_variants(stage: Stage | None = None) -> list[Variant]:
+    """All registered variants (optionally of one stage), sorted by stage then id."""
+    _ensure_loaded()
+    selected = [v for v in _REGISTRY.variants.values() if stage is None or v.stage == stage]
+    return sorted(selected, key=lambda v: (STAGES.index(v.stage), v.id))
+
+
+def get_variant(variant_id: str) -> Variant:
+    """The variant registered under `variant_id`; `KeyError` naming the known ids otherwise."""
+    _ensure_loaded()
+    try:
+        return _REGISTRY.variants[variant_id]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY.variants))
+        raise KeyError(f"No variant {variant_id!r}. Registered variants: {known}.") from None
+
+
+def dispatchable_ids(stage: Stage) -> list[str]:
+    """Ids that may be given to the stage's selector field."""
+    return [v.id for v in list_variants(stage) if not v.native]
+
+
+@contextlib.contextmanager
+def scoped_variants() -> Iterator[None]:
+    """Restore the registry on exit; lets tests register throw-away variants without leaking them."""
+    _ensure_loaded()
+    saved = dict(_REGISTRY.variants)
+    try:
+        yield
+    finally:
+        _REGISTRY.variants.clear()
+        _REGISTRY.variants.update(saved)
+
+
+def _ensure_loaded() -> None:
+    # Stage modules register their variants on import; importing them here keeps `list_variants` complete
+    # whichever module the caller imported first.
+    from . import advantages, objective, sampling, token_weights  # noqa: F401

@@ -1,0 +1,28 @@
+"""Sampling stage: what is generated and what is kept.
+
+Contract (see `trl_groupx.contracts`): a rollout filter is `fn(batch: RolloutBatch, *, <config fields>) -> keep
+(N,) bool` over the global generation batch. The trainer keeps the batch's shape (groups and per-process slices
+are fixed by TRL's sampler) and neutralises dropped rollouts: completion mask 0 and advantage 0, so they count
+in no normaliser; `num_items_in_batch` is recomputed. Advantages are computed after the filter, over the kept
+rollouts only (dropped rollouts enter the advantage stage as NaN rewards).
+
+Variants of this stage register here with `stage="sampling"`; none ships in this module yet, the seam is
+exercised by `tests/test_trainer_seams.py`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .contracts import RolloutBatch
+
+
+def apply_keep_mask(rewards: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Rewards with dropped rollouts set to NaN, so every advantage estimator leaves them out of its statistics."""
+    if keep.dtype != torch.bool or keep.shape != rewards.shape[:1]:
+        raise ValueError(f"A rollout filter must return a bool tensor of shape ({rewards.shape[0]},).")
+    dropped = ~keep
+    return rewards.masked_fill(dropped.view(-1, *([1] * (rewards.dim() - 1))), float("nan"))
+
+
+__all__ = ["RolloutBatch", "apply_keep_mask"]

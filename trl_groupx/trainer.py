@@ -1,0 +1,221 @@
+"""`GRPOTrainer`: TRL's trainer with one seam per pipeline stage; the variants are pure functions elsewhere.
+
+Seams (each wraps the narrowest TRL 1.16 internal; `tests/test_trl_seams.py` fails loudly if TRL moves them):
+
+- rewards: `_calculate_rewards` is wrapped to keep the gathered `(N, K)` reward matrix.
+- sampling, advantages, token weights: `_generate_and_score_completions` runs TRL's method unchanged, then
+  `apply_rollout_stages` filters rollouts, recomputes the advantages over the global batch and turns them into
+  per-token advantages, and writes this process's slice back into the output.
+- objective: `_compute_loss` defers to TRL for TRL's `loss_type`s and to `compute_objective_loss` for ours.
+
+With no trl_groupx flag set, none of this runs and training is TRL's, number for number.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import trl
+
+from .advantages import decoupled_normalized_advantages, group_normalized_advantages
+from .config import GRPOConfig
+from .contracts import ObjectiveContext, RolloutBatch, TokenContext, config_kwargs
+from .objective import aggregate
+from .registry import Variant, get_variant
+from .sampling import apply_keep_mask
+
+# Model inputs that `_get_per_token_logps_and_entropies` forwards for multimodal models.
+_FORWARD_KEYS = (
+    "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
+    "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
+)
+
+
+class GRPOTrainer(trl.GRPOTrainer):
+    """Drop-in replacement for `trl.GRPOTrainer` that runs the variants selected in `trl_groupx.GRPOConfig`.
+
+    Takes exactly TRL's arguments. A plain `trl.GRPOConfig` is accepted and trains as TRL does.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        active = self.args.active_variants() if isinstance(self.args, GRPOConfig) else {}
+        self.variants: dict[str, Variant] = {stage: get_variant(vid) for stage, vid in active.items()}
+        self._rewrites_rollouts = bool({"sampling", "advantages", "token_weights"} & self.variants.keys())
+        self._rewards_per_func: torch.Tensor | None = None
+
+    # ---- rewards ------------------------------------------------------------------------------------------------
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._rewards_per_func = rewards_per_func  # (N_global, K), gathered across processes by TRL
+        return rewards_per_func
+
+    # ---- sampling, advantages, token weights ----------------------------------------------------------------------
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        if self._rewrites_rollouts:
+            output = self.apply_rollout_stages(output)
+        return output
+
+    def apply_rollout_stages(self, output: dict[str, Any]) -> dict[str, Any]:
+        """Run the sampling, advantage and token-weight stages on one generation batch; returns `output` updated.
+
+        All statistics are computed on the global batch (`N = B_local × processes` rollouts, groups intact) so
+        that every process computes the same numbers; each keeps its own slice.
+        """
+        mode = "train" if self.model.training else "eval"
+        group_size = self.num_generations if mode == "train" else self.num_generations_eval
+        rewards_per_func = self._rewards_per_func
+        local_n = output["completion_ids"].size(0)
+        local = slice(self.accelerator.process_index * local_n, (self.accelerator.process_index + 1) * local_n)
+        weights = self.reward_weights.to(rewards_per_func.device)
+        rewards = (rewards_per_func * weights).nansum(dim=1)
+        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+
+        if "sampling" in self.variants:
+            lengths = self.accelerator.gather(output["completion_mask"].sum(-1))
+            keep = self._call(self.variants["sampling"], RolloutBatch(rewards, lengths, group_size))
+            rewards, rewards_per_func = apply_keep_mask(rewards, keep), apply_keep_mask(rewards_per_func, keep)
+            output["completion_mask"] = output["completion_mask"] * keep[local, None].to(output["completion_mask"])
+            output["num_items_in_batch"] = self.accelerator.gather(output["completion_mask"].sum()).sum()
+            self._metrics[mode]["groupx/kept_fraction"].append(keep.float().mean().item())
+
+        advantages = self.compute_advantages(rewards, rewards_per_func, group_size, output)
+        if "token_weights" in self.variants:
+            ctx = self._token_context(output, rewards, group_size)
+            token_adv = self._call(self.variants["token_weights"], advantages, ctx)
+            output["advantages"] = token_adv[local, : output["completion_ids"].size(1)]
+            seq_adv = (token_adv * ctx.completion_mask).sum(-1) / ctx.completion_mask.sum(-1).clamp(min=1)
+        else:
+            output["advantages"] = advantages[local]
+            seq_adv = advantages
+        if "sampling" in self.variants:
+            output["advantages"] = output["advantages"] * keep[local].view(-1, *[1] * (output["advantages"].dim() - 1))
+
+        # TRL logged its own advantages for the completions table; show the ones that train instead.
+        logged = self._logs["advantages"]
+        for _ in range(min(len(seq_adv), len(logged))):
+            logged.pop()
+        logged.extend(seq_adv.tolist())
+        self._metrics[mode]["groupx/advantage_abs_mean"].append(seq_adv.abs().mean().item())
+        return output
+
+    def compute_advantages(
+        self, rewards: torch.Tensor, rewards_per_func: torch.Tensor, group_size: int, output: dict[str, Any]
+    ) -> torch.Tensor:
+        """Global `(N,)` advantages: the selected advantage variant, else TRL's own numbers."""
+        variant = self.variants.get("advantages")
+        if variant is not None:
+            source = rewards_per_func if "rewards_per_func" in variant.requires else rewards
+            advantages = self._call(variant, source, group_size)
+            if not torch.isfinite(advantages).all():
+                raise ValueError(f"advantage_estimator={variant.id!r} returned non-finite advantages.")
+            return advantages
+        if "sampling" in self.variants:  # rewards changed (dropped rollouts): recompute TRL's formula
+            if self.multi_objective_aggregation == "normalize_then_sum":
+                return decoupled_normalized_advantages(rewards_per_func, group_size, reward_weights=self.reward_weights)
+            return group_normalized_advantages(rewards, group_size, scale_rewards=self.scale_rewards)
+        return self.accelerator.gather(output["advantages"])  # TRL's, unchanged
+
+    def _token_context(self, output: dict[str, Any], rewards: torch.Tensor, group_size: int) -> TokenContext:
+        """Global `(N, T_max)` per-token inputs for the token-weight stage (padded across processes)."""
+        requires = self.variants["token_weights"].requires
+        logps = entropies = None
+        if "entropies" in requires or "old_logps" in requires:
+            input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+            attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+            forward = {k: output[k] for k in _FORWARD_KEYS if k in output}
+            with torch.no_grad():
+                logps, entropies, _ = self._get_per_token_logps_and_entropies(
+                    self.model, input_ids, attention_mask, output["completion_ids"].size(1),
+                    batch_size=self.args.per_device_train_batch_size, compute_entropy=True, **forward,
+                )
+        ref = output.get("ref_per_token_logps")
+        return TokenContext(
+            completion_mask=self._gather_padded(output["completion_mask"]),
+            group_size=group_size,
+            entropies=self._gather_padded(entropies),
+            logps=self._gather_padded(logps),
+            ref_logps=self._gather_padded(ref),
+            completion_ids=self._gather_padded(output["completion_ids"]),
+            rewards=rewards,
+        )
+
+    def _gather_padded(self, x: torch.Tensor | None) -> torch.Tensor | None:
+        if x is None:
+            return None
+        return self.accelerator.gather(self.accelerator.pad_across_processes(x, dim=1, pad_index=0))
+
+    def _call(self, variant: Variant, *args: Any) -> Any:
+        return variant.fn(*args, **config_kwargs(variant.fn, self.args))
+
+    # ---- objective ----------------------------------------------------------------------------------------------
+
+    def _compute_loss(self, model, inputs):
+        objective = self.variants.get("objective")
+        if objective is None:
+            return super()._compute_loss(model, inputs)
+        return self.compute_objective_loss(model, inputs, objective)
+
+    def compute_objective_loss(self, model, inputs: dict[str, Any], objective: Variant) -> torch.Tensor:
+        """Loss of a trl_groupx objective: its per-token surrogate, then TRL's masks and KL, then the aggregation.
+
+        Keeps what TRL applies around every surrogate: tool mask, top-entropy mask, off-policy mask, vLLM
+        importance-sampling correction, k3 KL to the reference (with optional bias correction), MoE aux loss and
+        gradient-accumulation scaling. TRL's entropy bonus is rejected at config time for these objectives.
+        """
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
+        attention_mask = torch.cat([inputs["prompt_mask"], completion_mask], dim=1)
+        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+        logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled, **{k: inputs.get(k) for k in _FORWARD_KEYS},
+        )
+        old_logps = inputs.get("old_per_token_logps")
+        old_logps = logps.detach() if old_logps is None else old_logps
+        advantages = inputs["advantages"]
+        advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+
+        ctx = ObjectiveContext(logps, old_logps, advantages, mask, entropies.detach())
+        per_token_loss = self._call(objective, ctx)
+        if self.off_policy_mask_threshold is not None:
+            per_token_loss = per_token_loss * self.get_off_policy_mask(
+                advantages=advantages, per_token_logps=logps,
+                sampling_per_token_logps=inputs.get("sampling_per_token_logps", old_logps), mask=mask,
+                off_policy_threshold=self.off_policy_mask_threshold,
+            )
+        if self.top_entropy_quantile < 1.0:
+            per_token_loss = per_token_loss * self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
+        mode = "train" if self.model.training else "eval"
+        if self.beta != 0.0:
+            delta = inputs["ref_per_token_logps"] - logps
+            per_token_kl = torch.exp(delta) - delta - 1
+            if self.args.use_bias_correction_kl:
+                per_token_kl = per_token_kl * torch.exp(logps - old_logps)
+            per_token_loss = per_token_loss + self.beta * per_token_kl
+            self._metrics[mode]["kl"].append(self._global_masked_mean(per_token_kl, mask))
+
+        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        aggregation = self.args.loss_aggregation or objective.flags.get("loss_aggregation", "sequence_mean")
+        if aggregation == "global_token_mean":
+            tokens = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+            if mode == "train":
+                tokens = tokens * accumulation / self.args.steps_per_generation
+            loss = aggregate(per_token_loss, mask, aggregation, global_num_tokens=tokens)
+        else:
+            loss = aggregate(per_token_loss, mask, aggregation, max_completion_length=self.max_completion_length)
+            loss = loss / accumulation
+        if self.aux_loss_enabled:
+            loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
+        self._metrics[mode]["entropy"].append(self._global_masked_mean(entropies, mask))
+        return loss
+
+    def _global_masked_mean(self, x: torch.Tensor, mask: torch.Tensor) -> float:
+        totals = self.accelerator.reduce(torch.stack([(x * mask).sum(), mask.sum().float()]), reduction="sum")
+        return (totals[0] / totals[1].clamp(min=1.0)).item()
