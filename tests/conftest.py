@@ -8,6 +8,9 @@ import os
 for _key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "TRL_EXPERIMENTAL_SILENCE"):
     os.environ[_key] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The tiny model's matrices are far too small for intra-op threads: two OpenMP threads on two cores spend ~100x
+# longer synchronising than computing.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -16,9 +19,10 @@ from trl_groupx.toy import arithmetic_dataset, load_tiny_tokenizer, tiny_model_p
 
 
 def parity_reward(completions, **kwargs) -> list[float]:
-    """Deterministic, mixed 0/1 reward (odd completion length → 1), so every group has variance to learn from."""
+    """Deterministic 0/1 reward (last character has an odd code point → 1) that mixes within groups, so every
+    loss type has a non-zero gradient to compare."""
     texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-    return [float(len(t) % 2) for t in texts]
+    return [float(ord(t[-1]) % 2) if t else 0.0 for t in texts]
 
 
 def base_config_kwargs(tmp_path, **overrides) -> dict:
@@ -59,6 +63,7 @@ def build_trainer(trainer_cls, config_cls, tmp_path, *, peft=False, reward_funcs
 def one_step(trainer, seed: int = 0):
     """Generate one batch, compute the loss and backprop once: returns (loss, {param name: grad}, inputs)."""
     trainer.model.train()
+    trainer.current_gradient_accumulation_steps = trainer.args.gradient_accumulation_steps  # set by Trainer.train
     torch.manual_seed(seed)
     batch = next(iter(trainer.get_train_dataloader()))
     torch.manual_seed(seed)

@@ -67,11 +67,12 @@ def aggregate(
     raise ValueError(f"Unknown loss_aggregation {mode!r}; expected one of {AGGREGATIONS}.")
 
 
-def _log_ratio(ctx: ObjectiveContext, importance_sampling_level: str) -> torch.Tensor:
-    log_ratio = ctx.logps - ctx.old_logps
+def log_ratio(ctx: ObjectiveContext, importance_sampling_level: str) -> torch.Tensor:
+    """`logp - logp_old` per token `(B, T)`, or its masked mean per sequence `(B, 1)` (GSPO)."""
+    token_log_ratio = ctx.logps - ctx.old_logps
     if importance_sampling_level == "sequence":
-        return ((log_ratio * ctx.mask).sum(-1) / ctx.mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
-    return log_ratio
+        return ((token_log_ratio * ctx.mask).sum(-1) / ctx.mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+    return token_log_ratio
 
 
 @register(
@@ -99,7 +100,7 @@ def clipped_surrogate(
     clip-higher `ε_high = 0.28` and the `global_token_mean` aggregation; its dynamic sampling is a sampling variant.
     """
     eps_high = epsilon if epsilon_high is None else epsilon_high
-    ratio = torch.exp(_log_ratio(ctx, importance_sampling_level))
+    ratio = torch.exp(log_ratio(ctx, importance_sampling_level))
     clipped = torch.clamp(ratio, 1 - epsilon, 1 + eps_high)
     if delta is not None:
         ratio = torch.clamp(ratio, max=delta)
@@ -143,7 +144,7 @@ def cispo_surrogate(
     """CISPO: `l_t = -sg(min(ρ_t, ε_max)) A_t logp_t` — the IS weight is clipped and detached, the gradient flows
     through `logp_t`. TRL caps at `ε_max = epsilon_high` (verl clips to `[1-ε, 1+ε_high]`)."""
     eps_high = epsilon if epsilon_high is None else epsilon_high
-    weight = torch.clamp(torch.exp(_log_ratio(ctx, importance_sampling_level)), max=eps_high).detach()
+    weight = torch.clamp(torch.exp(log_ratio(ctx, importance_sampling_level)), max=eps_high).detach()
     return -weight * ctx.advantages * ctx.logps
 
 
@@ -165,7 +166,7 @@ def sapo_surrogate(
 ) -> torch.Tensor:
     """SAPO: hard clip replaced by a smooth gate, `l_t = -(4/τ) σ(τ (ρ_t - 1)) A_t`, `τ = τ_pos` if `A_t > 0` else
     `τ_neg`; the gate's slope at `ρ = 1` is 1, as the clipped surrogate's."""
-    ratio = torch.exp(_log_ratio(ctx, importance_sampling_level))
+    ratio = torch.exp(log_ratio(ctx, importance_sampling_level))
     tau = torch.where(ctx.advantages > 0, sapo_temperature_pos, sapo_temperature_neg)
     return -torch.sigmoid(tau * (ratio - 1)) * 4 / tau * ctx.advantages
 
@@ -208,7 +209,9 @@ def gmpo_surrogate(ctx: ObjectiveContext, *, gmpo_clip: float) -> torch.Tensor:
     adv = ctx.advantages
     if adv.shape[-1] != 1:
         adv = (adv * mask).sum(-1, keepdim=True) / length
-    log_ratio = ctx.logps - ctx.old_logps  # (B, T)
-    clipped = torch.where(adv >= 0, torch.clamp(log_ratio, max=gmpo_clip), torch.clamp(log_ratio, min=-gmpo_clip))
+    token_log_ratio = ctx.logps - ctx.old_logps  # (B, T)
+    clipped = torch.where(
+        adv >= 0, torch.clamp(token_log_ratio, max=gmpo_clip), torch.clamp(token_log_ratio, min=-gmpo_clip)
+    )
     seq_ratio = torch.exp((clipped * mask).sum(-1, keepdim=True) / length)  # (B, 1)
-    return (-adv * seq_ratio).expand_as(log_ratio)
+    return (-adv * seq_ratio).expand_as(token_log_ratio)

@@ -21,7 +21,7 @@ import trl
 from .advantages import decoupled_normalized_advantages, group_normalized_advantages
 from .config import GRPOConfig
 from .contracts import ObjectiveContext, RolloutBatch, TokenContext, config_kwargs
-from .objective import aggregate
+from .objective import aggregate, log_ratio
 from .registry import Variant, get_variant
 from .sampling import apply_keep_mask
 
@@ -196,8 +196,8 @@ class GRPOTrainer(trl.GRPOTrainer):
         if self.beta != 0.0:
             delta = inputs["ref_per_token_logps"] - logps
             per_token_kl = torch.exp(delta) - delta - 1
-            if self.args.use_bias_correction_kl:
-                per_token_kl = per_token_kl * torch.exp(logps - old_logps)
+            if self.args.use_bias_correction_kl:  # importance-weight the k3 estimate, at TRL's ratio level
+                per_token_kl = per_token_kl * torch.exp(log_ratio(ctx, self.args.importance_sampling_level))
             per_token_loss = per_token_loss + self.beta * per_token_kl
             self._metrics[mode]["kl"].append(self._global_masked_mean(per_token_kl, mask))
 
