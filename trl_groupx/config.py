@@ -84,8 +84,20 @@ class GRPOConfig(trl.GRPOConfig):
 def validate_config(config: GRPOConfig) -> None:
     """Raise `ValueError` for unknown variant ids, orphan hyper-parameters and incompatible combinations."""
     _check_selectors(config)
-    active = set(config.active_variants().values())
+    active_by_stage = config.active_variants()
+    active = set(active_by_stage.values())
     _check_orphan_params(config, active)
+    for vid in active:
+        variant = get_variant(vid)
+        for stage in variant.replaces:
+            other = active_by_stage.get(stage)
+            if stage == "advantages" and config.multi_objective_aggregation != "sum_then_normalize":
+                other = other or "multi_objective_aggregation='normalize_then_sum'"
+            if other:
+                raise ValueError(
+                    f"{variant.selector}={vid!r} computes its own {stage} from the rewards, so the {stage} stage's "
+                    f"setting ({other}) would be ignored; drop one of the two."
+                )
 
     custom_objective = config.loss_type not in TRL_LOSS_TYPES
     if config.loss_aggregation is not None:

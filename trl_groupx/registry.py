@@ -53,6 +53,8 @@ class Variant:
         params (`tuple[str, ...]`): config fields owned by this variant; setting one while the variant is off is an
             error.
         native (`bool`): TRL implements it; the trainer leaves the computation to TRL.
+        replaces (`tuple[Stage, ...]`): earlier stages whose output this variant discards (e.g. a token-weight
+            variant that recomputes advantages from the rewards); selecting a variant there too is an error.
         bibtex (`str` or `None`): BibTeX entry for model cards.
     """
 
@@ -67,6 +69,7 @@ class Variant:
     requires: tuple[str, ...] = ()
     params: tuple[str, ...] = ()
     native: bool = False
+    replaces: tuple[Stage, ...] = ()
     bibtex: str | None = None
 
     @property
@@ -86,6 +89,7 @@ class Variant:
             "requires": self.requires,
             "params": self.params,
             "native": self.native,
+            "replaces": self.replaces,
         }
 
 
@@ -127,6 +131,7 @@ def register(
     requires: tuple[str, ...] = (),
     params: tuple[str, ...] = (),
     native: bool = False,
+    replaces: tuple[Stage, ...] = (),
     bibtex: str | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator registering a pure function as the core of variant `id`.
@@ -149,6 +154,7 @@ def register(
                 requires=requires,
                 params=params,
                 native=native,
+                replaces=replaces,
                 bibtex=bibtex,
             )
         )

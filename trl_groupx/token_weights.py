@@ -80,6 +80,7 @@ def _grpo_s_advantages(
     stage="token_weights",
     flags={"token_weighting": "gtpo_entropy", "gtpo_level": "token", "gtpo_alpha1": 1.0, "gtpo_alpha2": 0.1},
     requires=("entropies", "group_structure"),
+    replaces=("advantages",),
     params=("gtpo_level", "gtpo_alpha1", "gtpo_alpha2", "gtpo_normalization", "gtpo_success_threshold"),
 )
 def gtpo_token_advantages(

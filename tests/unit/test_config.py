@@ -1,0 +1,70 @@
+"""GRPOConfig: TRL's defaults untouched, and every bad input rejected at construction with the fix named."""
+
+import dataclasses
+
+import pytest
+import trl
+
+from trl_groupx import GRPOConfig
+
+BASE = dict(output_dir="/tmp/unused", use_cpu=True, bf16=False)
+
+
+def test_trl_fields_and_defaults_unchanged():
+    ours = {f.name: f for f in dataclasses.fields(GRPOConfig)}
+    for f in dataclasses.fields(trl.GRPOConfig):
+        assert f.name in ours
+        assert ours[f.name].default == f.default or (f.default is dataclasses.MISSING), f.name
+    a, b = GRPOConfig(**BASE), trl.GRPOConfig(**BASE)
+    for f in dataclasses.fields(trl.GRPOConfig):
+        if f.name not in ("accelerator_config",):
+            assert getattr(a, f.name) == getattr(b, f.name), f.name
+    assert a.active_variants() == {}
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (dict(loss_type="gmpo2"), r"loss_type='gmpo2' is not a variant of the objective stage.*'gmpo'"),
+        (dict(advantage_estimator="softmax"), r"advantage_estimator='softmax'.*Choose one of \['grpo', 'sign_adv'"),
+        (dict(advantage_estimator="gmpo"), r"'gmpo' belongs to the objective stage; switch it on with"),
+        (dict(token_weighting="sign_adv"), r"'sign_adv' belongs to the advantages stage"),
+        (dict(rollout_filter="gfpo"), r"rollout_filter='gfpo' is not a variant of the sampling stage"),
+        (dict(gmpo_clip=0.3), r"gmpo_clip=0.3 belongs to variant 'gmpo'.*set loss_type='gmpo'"),
+        (dict(gtpo_alpha2=0.5), r"gtpo_alpha2=0.5 belongs to variant 'gtpo_entropy'.*token_weighting"),
+        (dict(loss_type="dapo", loss_aggregation="token_mean"), r"only applies to trl_groupx objectives"),
+        (dict(loss_type="gmpo", loss_aggregation="median"), r"loss_aggregation='median' is unknown"),
+        (dict(loss_type="gmpo", entropy_coef=0.01), r"entropy bonus.*entropy_coef=0"),
+        (dict(loss_type="gmpo", importance_sampling_level="sequence"), r"leave importance_sampling_level='token'"),
+        (dict(loss_type="gmpo", delta=2.0), r"delta .* unset it"),
+        (dict(advantage_estimator="sign_adv", scale_rewards="none"), r"scale_rewards='none' would be ignored"),
+        (dict(advantage_estimator="sign_adv", multi_objective_aggregation="normalize_then_sum"), r"GDPO"),
+        (dict(token_weighting="gtpo_entropy", gtpo_level="segment"), r"gtpo_level must be 'token'"),
+        (dict(token_weighting="gtpo_entropy", gtpo_normalization="rank"), r"gtpo_normalization must be"),
+    ],
+)
+def test_bad_input_fails_at_construction(flags, message):
+    with pytest.raises(ValueError, match=message):
+        GRPOConfig(**BASE, **flags)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (dict(token_weighting="gtpo_entropy", advantage_estimator="sign_adv"), r"computes its own advantages.*sign_adv"),
+        (
+            dict(token_weighting="gtpo_entropy", multi_objective_aggregation="normalize_then_sum"),
+            r"computes its own advantages.*normalize_then_sum",
+        ),
+    ],
+)
+def test_stage_replacing_variants_reject_what_they_discard(flags, message):
+    with pytest.raises(ValueError, match=message):
+        GRPOConfig(**BASE, **flags)
+
+
+def test_compositions_across_stages_are_accepted():
+    config = GRPOConfig(**BASE, advantage_estimator="sign_adv", loss_type="gmpo")
+    assert config.active_variants() == {"advantages": "sign_adv", "objective": "gmpo"}
+    config = GRPOConfig(**BASE, token_weighting="gtpo_entropy", loss_type="gmpo")
+    assert config.active_variants() == {"token_weights": "gtpo_entropy", "objective": "gmpo"}

@@ -1,0 +1,90 @@
+"""The registry: strict registration, complete records, and one contract suite over every entry."""
+
+import dataclasses
+import inspect
+import re
+
+import pytest
+import torch
+
+import trl_groupx
+from trl_groupx.config import GRPOConfig
+from trl_groupx.contracts import ObjectiveContext, TokenContext
+from trl_groupx.registry import KNOWN_REQUIREMENTS, SELECTORS, STAGES, register, scoped_variants
+
+REQUIRED_IDS = {"grpo_deepseekmath", "gspo", "sapo", "gdpo_multireward", "dr_grpo", "dapo", "cispo", "sign_adv",
+                "gtpo_entropy", "gmpo"}
+CONFIG_FIELDS = {f.name for f in dataclasses.fields(GRPOConfig)}
+
+
+def test_required_variants_are_registered():
+    ids = {v.id for v in trl_groupx.list_variants()}
+    assert REQUIRED_IDS <= ids
+
+
+@pytest.mark.parametrize("variant", trl_groupx.list_variants(), ids=lambda v: v.id)
+def test_record_is_complete(variant):
+    record = variant.as_dict()
+    for key in ("id", "name", "paper", "official_code", "stage", "flags", "fn", "needs"):
+        assert key in record
+    assert re.search(r"arXiv:\d{4}\.\d{4,5}|https?://", variant.paper), variant.paper
+    assert variant.official_code is None or "/" in variant.official_code
+    assert variant.stage in STAGES and callable(variant.fn)
+    assert set(variant.requires) <= KNOWN_REQUIREMENTS
+    assert set(variant.flags) <= CONFIG_FIELDS, set(variant.flags) - CONFIG_FIELDS
+    assert set(variant.params) <= CONFIG_FIELDS
+    assert variant.fn.__doc__ and len(variant.fn.__doc__) > 80  # formula and citation live there
+    GRPOConfig(output_dir="/tmp/unused", use_cpu=True, bf16=False, **variant.flags)  # its flags are valid
+
+
+@pytest.mark.parametrize("variant", [v for v in trl_groupx.list_variants() if not v.native], ids=lambda v: v.id)
+def test_dispatched_variant_contract(variant):
+    """Shape, finiteness and padding behaviour of every dispatched variant on one generic batch."""
+    config = GRPOConfig(output_dir="/tmp/unused", use_cpu=True, bf16=False, **variant.flags)
+    kwargs = {n: getattr(config, n) for n, p in inspect.signature(variant.fn).parameters.items()
+              if p.kind is p.KEYWORD_ONLY}
+    torch.manual_seed(0)
+    n, t, g = 8, 5, 4
+    rewards = torch.tensor([1.0, 0.0, 1.0, float("nan"), 0.0, 0.0, 0.0, 0.0])
+    mask = torch.ones(n, t)
+    mask[1, 3:] = 0
+    mask[5] = 0  # an empty completion
+    if variant.stage == "advantages":
+        out = variant.fn(rewards, g, **kwargs)
+        assert out.shape == (n,) and torch.isfinite(out).all() and out[3] == 0
+    elif variant.stage == "token_weights":
+        ctx = TokenContext(mask, g, entropies=torch.rand(n, t) * 2, logps=-torch.rand(n, t), rewards=rewards)
+        out = variant.fn(torch.zeros(n), ctx, **kwargs)
+        assert out.shape == (n, t) and torch.isfinite(out).all() and (out[mask == 0] == 0).all()
+    elif variant.stage == "objective":
+        logps = (-torch.rand(n, t)).requires_grad_()
+        ctx = ObjectiveContext(logps, logps.detach() - 0.1 * torch.randn(n, t), torch.randn(n, 1), mask)
+        out = variant.fn(ctx, **kwargs)
+        assert out.shape[0] == n and out.shape[1] in (1, t) and torch.isfinite(out).all()
+        (out * mask).sum().backward()
+        assert torch.isfinite(logps.grad).all() and (logps.grad[mask == 0] == 0).all()
+
+
+def test_selectors_are_config_fields():
+    assert set(SELECTORS.values()) <= CONFIG_FIELDS
+
+
+def test_registration_is_strict():
+    def fn(rewards, group_size):
+        """x"""
+        return rewards
+
+    common = dict(name="x", paper="arXiv:0000.00000", official_code=None, stage="advantages")
+    with scoped_variants():
+        with pytest.raises(ValueError, match="already registered"):
+            register("sign_adv", **common)(fn)
+        with pytest.raises(ValueError, match="snake case"):
+            register("Bad-Id", **common)(fn)
+        with pytest.raises(ValueError, match="must set advantage_estimator='other'"):
+            register("other", **common, flags={"advantage_estimator": "x"})(fn)
+        with pytest.raises(ValueError, match="unknown inputs"):
+            register("needs_magic", **common, requires=("magic",))(fn)
+        register("throwaway", **common)(fn)
+        assert trl_groupx.get_variant("throwaway").fn is fn
+    with pytest.raises(KeyError, match="No variant 'throwaway'"):
+        trl_groupx.get_variant("throwaway")  # scoped registrations do not leak
