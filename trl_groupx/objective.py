@@ -112,7 +112,7 @@ register(
     "dr_grpo",
     name="Dr. GRPO (GRPO Done Right)",
     paper="Understanding R1-Zero-Like Training: A Critical Perspective, arXiv:2503.20783",
-    official_code="sail-sg/understand-r1-zero",
+    official_code=None,
     stage="objective",
     flags={"loss_type": "dr_grpo", "scale_rewards": "none", "beta": 0.0},
     native=True,

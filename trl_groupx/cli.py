@@ -1,0 +1,48 @@
+"""`trl-groupx` command line: `list` the variants, run the `demo`, train from a recipe with `grpo`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .registry import list_variants
+
+
+def format_variants(stage: str | None = None) -> str:
+    """The registry as a plain-text table: id, stage, flags, paper, official code."""
+    rows = [("id", "stage", "flags", "paper", "official code")]
+    for v in list_variants(stage):
+        flags = ", ".join(f"{k}={v!r}" for k, v in v.flags.items())
+        rows.append((v.id + (" (TRL)" if v.native else ""), v.stage, flags, v.paper, v.official_code or "-"))
+    widths = [min(max(len(r[i]) for r in rows), cap) for i, cap in enumerate((24, 13, 70, 200, 200))]
+    lines = []
+    for i, row in enumerate(rows):
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="trl-groupx", description="GRPO variants as config flags on TRL.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_list = sub.add_parser("list", help="show every registered variant")
+    p_list.add_argument("--stage", choices=["sampling", "advantages", "token_weights", "objective"])
+    sub.add_parser("demo", help="train the shipped tiny model with a variant (CPU, offline)", add_help=False)
+    sub.add_parser("grpo", help="train from a recipe: grpo --config recipes/gmpo.yaml [--field value ...]",
+                   add_help=False)
+    if argv and argv[0] in ("demo", "grpo"):  # these parse their own arguments
+        if argv[0] == "demo":
+            from .demo import main as sub_main
+        else:
+            from .script import main as sub_main
+        sub_main(argv[1:])
+        return
+    ns = parser.parse_args(argv)
+    if ns.command == "list":
+        print(format_variants(ns.stage))
+
+
+if __name__ == "__main__":
+    main()
