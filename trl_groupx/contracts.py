@@ -20,6 +20,11 @@ Token weights (`token_weighting`)
     `fn(advantages: (N,), ctx: TokenContext, *, <config fields>) -> advantages (N, T)`. Values at padding
     positions are ignored by the loss but must be finite; statistics must never read them.
 
+Stateful variants (running baselines, priors, replay buffers, schedules) take a keyword-only `state: dict` that
+they read and update in place, with tensors and plain numbers only. The trainer passes the same dict on every
+call, keeps it identical on every process (it is updated from the same global batch everywhere) and saves it
+with each checkpoint, so a resumed run continues exactly.
+
 Objective (`loss_type`)
     `fn(ctx: ObjectiveContext, *, <config fields>) -> per-token loss (N, T)` (or `(N, 1)`, broadcast over
     tokens). The surrogate only; the normaliser is `trl_groupx.objective.aggregate`, chosen by `loss_aggregation`.
@@ -94,10 +99,10 @@ class ObjectiveContext:
 
 
 def config_kwargs(fn: Callable[..., Any], config: Any) -> dict[str, Any]:
-    """Values of the keyword-only parameters of `fn`, read from `config` fields of the same name."""
+    """Values of the keyword-only parameters of `fn` (but `state`), read from `config` fields of the same name."""
     kwargs = {}
     for name, param in inspect.signature(fn).parameters.items():
-        if param.kind is inspect.Parameter.KEYWORD_ONLY:
+        if param.kind is inspect.Parameter.KEYWORD_ONLY and name != "state":
             if not hasattr(config, name):
                 raise AttributeError(f"{fn.__qualname__} reads config field {name!r}, which GRPOConfig lacks.")
             kwargs[name] = getattr(config, name)

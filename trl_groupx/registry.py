@@ -13,6 +13,7 @@ paper, and their `fn` is our pure reference implementation of the same formula (
 from __future__ import annotations
 
 import contextlib
+import inspect
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -53,6 +54,9 @@ class Variant:
         params (`tuple[str, ...]`): config fields owned by this variant; setting one while the variant is off is an
             error.
         native (`bool`): TRL implements it; the trainer leaves the computation to TRL.
+        stateful (`bool`): `fn` takes a keyword-only `state` dict that it reads and updates in place (running
+            baselines, priors, buffers); the trainer keeps one per variant, identical on every process, and saves
+            it with each checkpoint.
         replaces (`tuple[Stage, ...]`): earlier stages whose output this variant discards (e.g. a token-weight
             variant that recomputes advantages from the rewards); selecting a variant there too is an error.
         bibtex (`str` or `None`): BibTeX entry for model cards.
@@ -69,6 +73,7 @@ class Variant:
     requires: tuple[str, ...] = ()
     params: tuple[str, ...] = ()
     native: bool = False
+    stateful: bool = False
     replaces: tuple[Stage, ...] = ()
     bibtex: str | None = None
 
@@ -89,6 +94,7 @@ class Variant:
             "requires": self.requires,
             "params": self.params,
             "native": self.native,
+            "stateful": self.stateful,
             "replaces": self.replaces,
         }
 
@@ -107,6 +113,10 @@ class _Registry:
         unknown = set(variant.requires) - KNOWN_REQUIREMENTS
         if unknown:
             raise ValueError(f"Variant {variant.id!r} requires unknown inputs {sorted(unknown)}.")
+        has_state_arg = "state" in inspect.signature(variant.fn).parameters
+        if variant.stateful != has_state_arg:
+            raise ValueError(f"Variant {variant.id!r}: stateful={variant.stateful} but its fn "
+                             f"{'lacks' if variant.stateful else 'has'} a `state` argument.")
         if not variant.native and variant.flags.get(variant.selector) != variant.id:
             raise ValueError(
                 f"Variant {variant.id!r}: its flags must set {variant.selector}={variant.id!r} so that it can be "
@@ -131,6 +141,7 @@ def register(
     requires: tuple[str, ...] = (),
     params: tuple[str, ...] = (),
     native: bool = False,
+    stateful: bool = False,
     replaces: tuple[Stage, ...] = (),
     bibtex: str | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -154,6 +165,7 @@ def register(
                 requires=requires,
                 params=params,
                 native=native,
+                stateful=stateful,
                 replaces=replaces,
                 bibtex=bibtex,
             )

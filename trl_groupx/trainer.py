@@ -13,10 +13,12 @@ With no trl_groupx flag set, none of this runs and training is TRL's, number for
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
 import trl
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .advantages import decoupled_normalized_advantages, group_normalized_advantages
 from .config import GRPOConfig
@@ -24,6 +26,8 @@ from .contracts import ObjectiveContext, RolloutBatch, TokenContext, config_kwar
 from .objective import aggregate, log_ratio
 from .registry import Variant, get_variant
 from .sampling import apply_keep_mask
+
+VARIANT_STATE_NAME = "trl_groupx_variant_state.pt"
 
 # Model inputs that `_get_per_token_logps_and_entropies` forwards for multimodal models.
 _FORWARD_KEYS = (
@@ -44,6 +48,8 @@ class GRPOTrainer(trl.GRPOTrainer):
         self.variants: dict[str, Variant] = {stage: get_variant(vid) for stage, vid in active.items()}
         self._rewrites_rollouts = bool({"sampling", "advantages", "token_weights"} & self.variants.keys())
         self._rewards_per_func: torch.Tensor | None = None
+        # Per stateful variant: the dict its function updates in place; saved with every checkpoint.
+        self.variant_state: dict[str, dict[str, Any]] = {v.id: {} for v in self.variants.values() if v.stateful}
 
     # ---- rewards ------------------------------------------------------------------------------------------------
 
@@ -150,7 +156,32 @@ class GRPOTrainer(trl.GRPOTrainer):
         return self.accelerator.gather(self.accelerator.pad_across_processes(x, dim=1, pad_index=0))
 
     def _call(self, variant: Variant, *args: Any) -> Any:
-        return variant.fn(*args, **config_kwargs(variant.fn, self.args))
+        kwargs = config_kwargs(variant.fn, self.args)
+        if variant.stateful:
+            kwargs["state"] = self.variant_state[variant.id]
+        return variant.fn(*args, **kwargs)
+
+    # ---- checkpoints ---------------------------------------------------------------------------------------------
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        if self.variant_state and self.args.should_save:
+            folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            torch.save(self.variant_state, os.path.join(folder, VARIANT_STATE_NAME))
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        path = os.path.join(checkpoint, VARIANT_STATE_NAME) if checkpoint is not None else None
+        if self.variant_state and path is not None:
+            if not os.path.exists(path):
+                raise FileNotFoundError(
+                    f"{checkpoint} has no {VARIANT_STATE_NAME}: it was not saved by a run with the stateful variants "
+                    f"{sorted(self.variant_state)}; resume from a checkpoint of the same configuration."
+                )
+            saved = torch.load(path, weights_only=True)
+            for vid in self.variant_state:
+                self.variant_state[vid].clear()
+                self.variant_state[vid].update(saved.get(vid, {}))
 
     # ---- objective ----------------------------------------------------------------------------------------------
 

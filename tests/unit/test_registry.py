@@ -1,7 +1,6 @@
 """The registry: strict registration, complete records, and one contract suite over every entry."""
 
 import dataclasses
-import inspect
 import re
 
 import pytest
@@ -9,7 +8,7 @@ import torch
 
 import trl_groupx
 from trl_groupx.config import GRPOConfig
-from trl_groupx.contracts import ObjectiveContext, TokenContext
+from trl_groupx.contracts import ObjectiveContext, TokenContext, config_kwargs
 from trl_groupx.registry import KNOWN_REQUIREMENTS, SELECTORS, STAGES, register, scoped_variants
 
 REQUIRED_IDS = {"grpo_deepseekmath", "gspo", "sapo", "gdpo_multireward", "dr_grpo", "dapo", "cispo", "sign_adv",
@@ -41,8 +40,9 @@ def test_record_is_complete(variant):
 def test_dispatched_variant_contract(variant):
     """Shape, finiteness and padding behaviour of every dispatched variant on one generic batch."""
     config = GRPOConfig(output_dir="/tmp/unused", use_cpu=True, bf16=False, **variant.flags)
-    kwargs = {n: getattr(config, n) for n, p in inspect.signature(variant.fn).parameters.items()
-              if p.kind is p.KEYWORD_ONLY}
+    kwargs = config_kwargs(variant.fn, config)
+    if variant.stateful:
+        kwargs["state"] = {}
     torch.manual_seed(0)
     n, t, g = 8, 5, 4
     rewards = torch.tensor([1.0, 0.0, 1.0, float("nan"), 0.0, 0.0, 0.0, 0.0])
