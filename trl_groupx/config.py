@@ -7,69 +7,35 @@ and contradictory combinations raise `ValueError` here, at construction, naming 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import trl
 
+from .advantages.config import AdvantageArgs
 from .objective import AGGREGATIONS, TRL_LOSS_AGGREGATION
+from .objective.config import ObjectiveArgs
 from .registry import SELECTORS, dispatchable_ids, get_variant, list_variants
+from .sampling.config import SamplingArgs
+from .token_weights.config import TokenWeightArgs
 
 TRL_LOSS_TYPES: tuple[str, ...] = tuple(TRL_LOSS_AGGREGATION)
 
 
 @dataclass
-class GRPOConfig(trl.GRPOConfig):
+class GRPOConfig(SamplingArgs, AdvantageArgs, TokenWeightArgs, ObjectiveArgs, trl.GRPOConfig):
     r"""Configuration for `trl_groupx.GRPOTrainer`: every argument of
-    [`trl.GRPOConfig`](https://huggingface.co/docs/trl/grpo_trainer), plus:
+    [`trl.GRPOConfig`](https://huggingface.co/docs/trl/grpo_trainer), plus one selector per stage and the variants'
+    hyper-parameters, defined (and documented) with their stage:
 
-    > Stage selectors (set a stage's field to a variant id; `trl-groupx list` shows them)
+    - `trl_groupx.sampling.config.SamplingArgs`: `rollout_filter`.
+    - `trl_groupx.advantages.config.AdvantageArgs`: `advantage_estimator`.
+    - `trl_groupx.token_weights.config.TokenWeightArgs`: `token_weighting`, `gtpo_*`.
+    - `trl_groupx.objective.config.ObjectiveArgs`: `loss_aggregation`, `gmpo_clip`; the selector is TRL's
+      `loss_type`, extended with this package's objectives.
 
-    rollout_filter (`str` or `None`, *optional*, defaults to `None`):
-        Sampling-stage variant that drops rollouts after generation.
-    advantage_estimator (`str`, *optional*, defaults to `"grpo"`):
-        Advantage-stage variant. `"grpo"` keeps TRL's computation (`scale_rewards`, `multi_objective_aggregation`).
-    token_weighting (`str` or `None`, *optional*, defaults to `None`):
-        Token-weight-stage variant turning sequence advantages into per-token advantages.
-    loss_type (`str`, *optional*, defaults to `"dapo"`):
-        TRL's loss types, plus the objective variants of this package (e.g. `"gmpo"`).
-    loss_aggregation (`str` or `None`, *optional*, defaults to `None`):
-        Normaliser for a trl_groupx objective: `"sequence_mean"`, `"token_mean"`, `"global_token_mean"`,
-        `"constant"` or `"sequence_sum"`. `None` uses the objective's paper default. TRL's loss types fix their own.
-
-    > Variant hyper-parameters (each belongs to one variant; setting it while that variant is off is an error)
-
-    gmpo_clip (`float`, defaults to `0.4`): GMPO's log-space clip `c`.
-    gtpo_level (`str`, defaults to `"token"`): `"token"` (GTPO) or `"sequence"` (GRPO-S).
-    gtpo_alpha1 (`float`, defaults to `1.0`): GTPO α1 / GRPO-S β1, the outcome term.
-    gtpo_alpha2 (`float`, defaults to `0.1`): GTPO α2 / GRPO-S β2, the entropy term.
-    gtpo_normalization (`str`, defaults to `"separate"`): GTPO Eq. 6: `"separate"` z-scores the tokens of successful
-        and failed completions apart; `"joint"` uses one z-score over all tokens.
-    gtpo_success_threshold (`float`, defaults to `0.0`): a completion is successful when its reward exceeds it.
+    Set a stage's selector to a variant id (`trl-groupx list`). Each hyper-parameter belongs to one variant;
+    setting it while that variant is off is an error.
     """
-
-    rollout_filter: str | None = field(
-        default=None, metadata={"help": "Sampling-stage variant id (post-generation filter), or None."}
-    )
-    advantage_estimator: str = field(
-        default="grpo", metadata={"help": "Advantage-stage variant id; 'grpo' keeps TRL's own computation."}
-    )
-    token_weighting: str | None = field(
-        default=None, metadata={"help": "Token-weight-stage variant id, or None for sequence-level advantages."}
-    )
-    loss_aggregation: str | None = field(
-        default=None,
-        metadata={"help": f"Normaliser for trl_groupx objectives, one of {AGGREGATIONS}; None = paper default."},
-    )
-    gmpo_clip: float = field(default=0.4, metadata={"help": "GMPO: log-space clip c of each token log-ratio."})
-    gtpo_level: str = field(default="token", metadata={"help": "GTPO: 'token' (GTPO) or 'sequence' (GRPO-S)."})
-    gtpo_alpha1: float = field(default=1.0, metadata={"help": "GTPO: outcome weight α1 (GRPO-S β1)."})
-    gtpo_alpha2: float = field(default=0.1, metadata={"help": "GTPO: entropy weight α2 (GRPO-S β2)."})
-    gtpo_normalization: str = field(
-        default="separate", metadata={"help": "GTPO Eq. 6: 'separate' (success/failure apart) or 'joint'."}
-    )
-    gtpo_success_threshold: float = field(
-        default=0.0, metadata={"help": "GTPO: a completion is successful when its reward exceeds this."}
-    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -89,6 +55,8 @@ def validate_config(config: GRPOConfig) -> None:
     _check_orphan_params(config, active)
     for vid in active:
         variant = get_variant(vid)
+        if variant.validate is not None:
+            variant.validate(config)
         for stage in variant.replaces:
             other = active_by_stage.get(stage)
             if stage == "advantages" and config.multi_objective_aggregation != "sum_then_normalize":
@@ -134,10 +102,6 @@ def validate_config(config: GRPOConfig) -> None:
                 f"advantage_estimator={config.advantage_estimator!r} replaces TRL's advantage computation, so "
                 f"scale_rewards={config.scale_rewards!r} would be ignored; leave scale_rewards at its default."
             )
-    if config.gtpo_level not in ("token", "sequence"):
-        raise ValueError(f"gtpo_level must be 'token' (GTPO) or 'sequence' (GRPO-S), got {config.gtpo_level!r}.")
-    if config.gtpo_normalization not in ("separate", "joint"):
-        raise ValueError(f"gtpo_normalization must be 'separate' or 'joint', got {config.gtpo_normalization!r}.")
 
 
 def _check_selectors(config: GRPOConfig) -> None:

@@ -57,6 +57,8 @@ class Variant:
         stateful (`bool`): `fn` takes a keyword-only `state` dict that it reads and updates in place (running
             baselines, priors, buffers); the trainer keeps one per variant, identical on every process, and saves
             it with each checkpoint.
+        validate (`Callable` or `None`): `validate(config)` raises `ValueError` for bad values of the variant's own
+            hyper-parameters; called at config construction when the variant is on.
         replaces (`tuple[Stage, ...]`): earlier stages whose output this variant discards (e.g. a token-weight
             variant that recomputes advantages from the rewards); selecting a variant there too is an error.
         bibtex (`str` or `None`): BibTeX entry for model cards.
@@ -75,6 +77,7 @@ class Variant:
     native: bool = False
     stateful: bool = False
     replaces: tuple[Stage, ...] = ()
+    validate: Callable[[Any], None] | None = None
     bibtex: str | None = None
 
     @property
@@ -143,6 +146,7 @@ def register(
     native: bool = False,
     stateful: bool = False,
     replaces: tuple[Stage, ...] = (),
+    validate: Callable[[Any], None] | None = None,
     bibtex: str | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator registering a pure function as the core of variant `id`.
@@ -167,6 +171,7 @@ def register(
                 native=native,
                 stateful=stateful,
                 replaces=replaces,
+                validate=validate,
                 bibtex=bibtex,
             )
         )

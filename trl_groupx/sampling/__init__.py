@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .contracts import RolloutBatch
+from ..contracts import RolloutBatch
 
 
 def apply_keep_mask(rewards: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:

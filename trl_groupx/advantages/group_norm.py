@@ -1,15 +1,14 @@
-"""Advantage stage: group rewards → advantages.
+"""Group-normalised advantages: GRPO's (TRL's own computation) and GDPO's per-reward decoupled normalisation.
 
-Contract (see `trl_groupx.contracts`): `fn(rewards (N,) | (N, K), group_size, *, <config fields>) -> (N,)`,
-vectorised over all groups at once; NaN rewards are excluded from group statistics and get advantage 0.
+Both are TRL built-ins, registered as native presets; these functions are our pure references of TRL's numbers.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .contracts import grouped, nan_group_mean, nan_group_std, nan_std
-from .registry import register
+from ..contracts import grouped, nan_group_mean, nan_group_std, nan_std
+from ..registry import register
 
 # TRL 1.16 adds this to the std before dividing (grpo_trainer.py, `_generate_and_score_completions`).
 TRL_STD_EPS = 1e-4
@@ -95,38 +94,3 @@ def decoupled_normalized_advantages(
     summed[torch.isnan(rewards).all(dim=1)] = torch.nan
     std_all = nan_std(summed) if summed.numel() > 1 else torch.zeros(())
     return torch.nan_to_num((summed - torch.nanmean(summed)) / (std_all + eps), nan=0.0)
-
-
-@register(
-    "sign_adv",
-    name="Sign advantage (fixed-reference A = 2r - 1)",
-    paper="Fixed-reference sign advantages for GRPO (pass@G failure descent), arXiv:2605.07689",
-    official_code=None,
-    stage="advantages",
-)
-def sign_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """Sign advantage: drop group-mean centring and use the fixed reference `A_i = 2 r_i - 1`.
-
-    For binary rewards `r ∈ {0, 1}` this is `+1` for a correct and `-1` for a wrong completion, so all-correct and
-    all-wrong groups still carry gradient (arXiv:2605.07689; no official code). The result does not depend on `G`
-    or on the other members of the group.
-
-    Choices the paper leaves open: rewards are expected in `[0, 1]` (the affine map is applied as is to fractional
-    rewards, giving `A ∈ [-1, 1]`); rewards outside `[0, 1]` raise, since `2r - 1` then has no reference meaning;
-    NaN rewards (unscored) give 0.
-
-    Args:
-        rewards (`torch.Tensor`): `(N,)` rewards in `[0, 1]`.
-        group_size (`int`): `G` (unused: the advantage is per rollout).
-
-    Returns:
-        `torch.Tensor`: `(N,)` advantages in `[-1, 1]`.
-    """
-    finite = rewards[~torch.isnan(rewards)]
-    if finite.numel() and (finite.min() < 0 or finite.max() > 1):
-        raise ValueError(
-            "advantage_estimator='sign_adv' expects rewards in [0, 1] (binary correctness); got values in "
-            f"[{finite.min().item():g}, {finite.max().item():g}]. Rescale the reward functions or use "
-            "advantage_estimator='grpo'."
-        )
-    return torch.nan_to_num(2.0 * rewards - 1.0, nan=0.0)

@@ -1,17 +1,11 @@
-"""Token-weight stage: sequence advantages → per-token advantages `(N, T)`.
-
-Contract (see `trl_groupx.contracts`): `fn(advantages (N,), ctx: TokenContext, *, <config fields>) -> (N, T)`.
-The trainer calls it once per generation batch on the global batch (groups intact), with rollout-policy
-log-probs and entropies (detached); the result replaces `advantages` and flows into every loss type, since TRL's
-losses accept `(B, T)` advantages. Padding never enters a statistic.
-"""
+"""GTPO and GRPO-S: entropy-shaped token and sequence rewards (arXiv:2508.04349)."""
 
 from __future__ import annotations
 
 import torch
 
-from .contracts import TokenContext, grouped
-from .registry import register
+from ..contracts import TokenContext, grouped
+from ..registry import register
 
 _EPS = 1e-6  # entropy / sum guards (the verl GTPO port's value)
 _WHITEN_EPS = 1e-8  # inside the sqrt of the z-score, as verl's masked_whiten
@@ -72,6 +66,13 @@ def _grpo_s_advantages(
     return torch.nan_to_num(((by_group - mean) / (std + _EPS)).reshape(-1), nan=0.0)
 
 
+def _validate(config) -> None:
+    if config.gtpo_level not in ("token", "sequence"):
+        raise ValueError(f"gtpo_level must be 'token' (GTPO) or 'sequence' (GRPO-S), got {config.gtpo_level!r}.")
+    if config.gtpo_normalization not in ("separate", "joint"):
+        raise ValueError(f"gtpo_normalization must be 'separate' or 'joint', got {config.gtpo_normalization!r}.")
+
+
 @register(
     "gtpo_entropy",
     name="GTPO / GRPO-S (dynamic entropy weighting)",
@@ -81,6 +82,7 @@ def _grpo_s_advantages(
     flags={"token_weighting": "gtpo_entropy", "gtpo_level": "token", "gtpo_alpha1": 1.0, "gtpo_alpha2": 0.1},
     requires=("entropies", "group_structure"),
     replaces=("advantages",),
+    validate=_validate,
     params=("gtpo_level", "gtpo_alpha1", "gtpo_alpha2", "gtpo_normalization", "gtpo_success_threshold"),
 )
 def gtpo_token_advantages(

@@ -1,0 +1,11 @@
+"""Token-weight stage: sequence advantages → per-token advantages `(N, T)`.
+
+Contract (see `trl_groupx.contracts`): `fn(advantages (N,), ctx: TokenContext, *, <config fields>) -> (N, T)`.
+The trainer calls it once per generation batch on the global batch (groups intact), with rollout-policy
+log-probs and entropies (detached); the result replaces `advantages` and flows into every loss type, since TRL's
+losses accept `(B, T)` advantages. Padding never enters a statistic.
+"""
+
+from .gtpo import gtpo_token_advantages
+
+__all__ = ["gtpo_token_advantages"]
