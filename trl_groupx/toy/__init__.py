@@ -1,8 +1,10 @@
 """A tiny, shipped, offline toy setup for GRPO demos and tests.
 
-The package ships ``assets/tiny-arith/``: a ~0.3M-parameter Llama-architecture causal LM with a character-level ChatML tokenizer,
-pre-trained (by ``scripts/build_tiny_model.py``) on small-integer addition only far enough that sampling at
-temperature 1.0 solves part of the problems. A GRPO run on CPU then visibly raises the reward within minutes.
+The package ships ``assets/tiny-arith/``: a 0.27M-parameter Llama-architecture causal LM with a character-level
+ChatML tokenizer, built by ``scripts/build_tiny_model.py``: pre-trained on small-integer addition (operands 0..20)
+until greedy decoding is right, then flattened (a sampling temperature of 2.75 baked into the final norm) so that
+sampling at temperature 1.0 solves only ~28% of the problems. GRPO on CPU (e.g. ``learning_rate=3e-4``,
+``per_device_train_batch_size=64``, ``num_generations=8``) then raises the reward from ~0.3 to ~0.6 in ~200 steps.
 
 Example::
 
@@ -12,9 +14,12 @@ Example::
     trainer = GRPOTrainer(
         model=tiny_model_path(),
         reward_funcs=arithmetic_reward,
-        train_dataset=arithmetic_dataset(),
+        train_dataset=arithmetic_dataset(n=4096),
         processing_class=load_tiny_tokenizer(),
-        args=GRPOConfig(output_dir="out", use_cpu=True, num_generations=8, max_completion_length=8),
+        args=GRPOConfig(
+            output_dir="out", use_cpu=True, num_generations=8, per_device_train_batch_size=64,
+            max_completion_length=8, learning_rate=3e-4, lr_scheduler_type="constant", beta=0.0, max_steps=300,
+        ),
     )
     trainer.train()
 """
