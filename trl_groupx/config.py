@@ -7,6 +7,7 @@ and contradictory combinations raise `ValueError` here, at construction, naming 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from dataclasses import dataclass
 
 import trl
@@ -97,7 +98,9 @@ def validate_config(config: GRPOConfig) -> None:
                 f"advantage_estimator={config.advantage_estimator!r} replaces TRL's advantage computation, so "
                 "multi_objective_aggregation='normalize_then_sum' (GDPO) would be ignored; use one or the other."
             )
-        if config.scale_rewards != "group":
+        estimator = get_variant(config.advantage_estimator)
+        reads_scale = "scale_rewards" in inspect.signature(estimator.fn).parameters
+        if config.scale_rewards != "group" and not reads_scale:
             raise ValueError(
                 f"advantage_estimator={config.advantage_estimator!r} replaces TRL's advantage computation, so "
                 f"scale_rewards={config.scale_rewards!r} would be ignored; leave scale_rewards at its default."

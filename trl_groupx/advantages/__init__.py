@@ -5,7 +5,38 @@ vectorised over all groups at once; NaN rewards are excluded from group statisti
 One module per variant (or per family); importing this package registers them all.
 """
 
+from .dvao import dvao_advantages
+from .ebpo import ebpo_advantages
+from .focal_tailmiss import focal_tailmiss_advantages
+from .gd2po import gd2po_advantages
+from .gopo import gopo_advantages
 from .group_norm import TRL_STD_EPS, decoupled_normalized_advantages, group_normalized_advantages
+from .grpo_passk import grpo_passk_advantages
+from .mathforge_dgpo import mathforge_dgpo_advantages
+from .mo_grpo import mo_grpo_advantages
+from .reinforce_pp_baseline import reinforce_pp_baseline_advantages
+from .rloo import rloo_advantages
 from .sign import sign_advantages
+from .softmax_grpo import softmax_grpo_advantages
+from .std_dial import std_dial_advantages
+from .two_grpo import two_grpo_advantages
 
-__all__ = ["TRL_STD_EPS", "decoupled_normalized_advantages", "group_normalized_advantages", "sign_advantages"]
+__all__ = [
+    "TRL_STD_EPS",
+    "decoupled_normalized_advantages",
+    "dvao_advantages",
+    "ebpo_advantages",
+    "focal_tailmiss_advantages",
+    "gd2po_advantages",
+    "gopo_advantages",
+    "group_normalized_advantages",
+    "grpo_passk_advantages",
+    "mathforge_dgpo_advantages",
+    "mo_grpo_advantages",
+    "reinforce_pp_baseline_advantages",
+    "rloo_advantages",
+    "sign_advantages",
+    "softmax_grpo_advantages",
+    "std_dial_advantages",
+    "two_grpo_advantages",
+]
