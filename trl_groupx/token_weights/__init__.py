@@ -6,6 +6,16 @@ log-probs and entropies (detached); the result replaces `advantages` and flows i
 losses accept `(B, T)` advantages. Padding never enters a statistic.
 """
 
+from .edge_grpo import edge_grpo_token_advantages
 from .gtpo import gtpo_token_advantages
+from .mu_grpo import mu_grpo_token_advantages
+from .stapo import stapo_token_advantages
+from .wapo import wapo_token_advantages
 
-__all__ = ["gtpo_token_advantages"]
+__all__ = [
+    "gtpo_token_advantages",
+    "wapo_token_advantages",
+    "stapo_token_advantages",
+    "edge_grpo_token_advantages",
+    "mu_grpo_token_advantages",
+]
