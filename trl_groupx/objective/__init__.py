@@ -5,7 +5,11 @@ Aggregation is `aggregate(per_token_loss, mask, mode, ...)`, chosen by `loss_agg
 """
 
 from .aggregation import AGGREGATIONS, TRL_LOSS_AGGREGATION, aggregate
+from .dppo import dppo_kl_surrogate, dppo_tv_surrogate
+from .dual_clip import dual_clip_surrogate
+from .entropy_cov import clip_cov_surrogate, kl_cov_surrogate
 from .gmpo import gmpo_surrogate
+from .reinforce import reinforce_surrogate
 from .surrogates import cispo_surrogate, clipped_surrogate, log_ratio, sapo_surrogate
 
 __all__ = [
@@ -13,8 +17,14 @@ __all__ = [
     "TRL_LOSS_AGGREGATION",
     "aggregate",
     "cispo_surrogate",
+    "clip_cov_surrogate",
     "clipped_surrogate",
+    "dppo_kl_surrogate",
+    "dppo_tv_surrogate",
+    "dual_clip_surrogate",
     "gmpo_surrogate",
+    "kl_cov_surrogate",
     "log_ratio",
+    "reinforce_surrogate",
     "sapo_surrogate",
 ]

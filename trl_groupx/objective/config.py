@@ -16,6 +16,27 @@ class ObjectiveArgs:
 
     > gmpo
     gmpo_clip (`float`, defaults to `0.4`): GMPO's log-space clip `c`.
+
+    > dual_clip
+    dual_clip_c (`float`, defaults to `3.0`): dual-clip PPO's cap `c > 1` on the ratio of negative-advantage tokens
+        (verl's `clip_ratio_c`).
+
+    > clip_cov
+    clip_cov_ratio (`float`, defaults to `2e-4`): fraction of a micro-batch's tokens whose gradient Clip-Cov cuts.
+    clip_cov_lb (`float`, defaults to `1.0`): lower bound of the covariance window the cut tokens are drawn from.
+    clip_cov_ub (`float`, defaults to `5.0`): upper bound of that window.
+
+    > kl_cov
+    kl_cov_ratio (`float`, defaults to `2e-3`): fraction of a micro-batch's tokens (top covariance) KL-Cov penalises.
+    kl_cov_coef (`float`, defaults to `1.0`): weight of the `|log ρ|` penalty on them.
+
+    > dppo_tv
+    dppo_tv_delta (`float`, defaults to `0.15`): DPPO-Binary-TV trust-region radius on `|p - p_old|`.
+    dppo_tv_is_cap (`float`, defaults to `10000.0`): cap `C` of the detached importance weight.
+
+    > dppo_kl
+    dppo_kl_delta (`float`, defaults to `0.05`): DPPO-Binary-KL trust-region radius on the binary KL.
+    dppo_kl_is_cap (`float`, defaults to `10000.0`): cap `C` of the detached importance weight.
     """
 
     loss_aggregation: str | None = field(
@@ -24,3 +45,18 @@ class ObjectiveArgs:
     )
     # gmpo
     gmpo_clip: float = field(default=0.4, metadata={"help": "GMPO: log-space clip c of each token log-ratio."})
+    # dual_clip
+    dual_clip_c: float = field(default=3.0, metadata={"help": "Dual-clip PPO: ratio cap c > 1 for A < 0 tokens."})
+    # clip_cov
+    clip_cov_ratio: float = field(default=2e-4, metadata={"help": "Clip-Cov: fraction of tokens cut."})
+    clip_cov_lb: float = field(default=1.0, metadata={"help": "Clip-Cov: covariance window lower bound."})
+    clip_cov_ub: float = field(default=5.0, metadata={"help": "Clip-Cov: covariance window upper bound."})
+    # kl_cov
+    kl_cov_ratio: float = field(default=2e-3, metadata={"help": "KL-Cov: fraction of tokens penalised."})
+    kl_cov_coef: float = field(default=1.0, metadata={"help": "KL-Cov: weight of the |log ratio| penalty."})
+    # dppo_tv
+    dppo_tv_delta: float = field(default=0.15, metadata={"help": "DPPO-TV: trust-region radius on |p - p_old|."})
+    dppo_tv_is_cap: float = field(default=10000.0, metadata={"help": "DPPO-TV: cap of the detached IS weight."})
+    # dppo_kl
+    dppo_kl_delta: float = field(default=0.05, metadata={"help": "DPPO-KL: trust-region radius on the binary KL."})
+    dppo_kl_is_cap: float = field(default=10000.0, metadata={"help": "DPPO-KL: cap of the detached IS weight."})
