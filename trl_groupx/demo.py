@@ -23,9 +23,9 @@ DEMO_DEFAULTS: dict[str, Any] = dict(
     use_cpu=True,
     bf16=False,
     num_generations=8,
-    per_device_train_batch_size=32,
-    max_completion_length=6,
-    learning_rate=3e-3,
+    per_device_train_batch_size=64,  # 8 prompts × 8 completions per step
+    max_completion_length=8,
+    learning_rate=3e-4,  # 1e-3 and above collapse the tiny model within a few dozen steps
     lr_scheduler_type="constant",
     temperature=1.0,
     beta=0.0,
@@ -49,7 +49,7 @@ def parse_flags(pairs: list[str]) -> dict[str, Any]:
     return flags
 
 
-def run_demo(steps: int = 60, output_dir: str = "demo-output", flags: dict[str, Any] | None = None) -> list[float]:
+def run_demo(steps: int = 300, output_dir: str = "demo-output", flags: dict[str, Any] | None = None) -> list[float]:
     """Train the tiny model for `steps` steps; returns the mean reward of each step and writes the plot."""
     import torch
 
@@ -65,7 +65,7 @@ def run_demo(steps: int = 60, output_dir: str = "demo-output", flags: dict[str, 
     trainer = GRPOTrainer(
         model=tiny_model_path(),
         reward_funcs=arithmetic_reward,
-        train_dataset=arithmetic_dataset(n=4096, seed=0),
+        train_dataset=arithmetic_dataset(n=2048, seed=1),
         processing_class=load_tiny_tokenizer(),
         args=args,
     )
@@ -120,7 +120,7 @@ class _RewardPrinter(TrainerCallback):
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="trl-groupx demo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--output-dir", default="demo-output")
     parser.add_argument("--flag", action="append", default=[], metavar="KEY=VALUE", help="a GRPOConfig flag")
     ns = parser.parse_args(argv)

@@ -13,6 +13,7 @@ With no trl_groupx flag set, none of this runs and training is TRL's, number for
 
 from __future__ import annotations
 
+import copy
 import os
 from typing import Any
 
@@ -158,7 +159,9 @@ class GRPOTrainer(trl.GRPOTrainer):
     def _call(self, variant: Variant, *args: Any) -> Any:
         kwargs = config_kwargs(variant.fn, self.args)
         if variant.stateful:
-            kwargs["state"] = self.variant_state[variant.id]
+            state = self.variant_state[variant.id]
+            # Evaluation must not advance running baselines or priors: it works on a throw-away copy.
+            kwargs["state"] = state if self.model.training else copy.deepcopy(state)
         return variant.fn(*args, **kwargs)
 
     # ---- checkpoints ---------------------------------------------------------------------------------------------

@@ -27,9 +27,8 @@ def stateful_variant():
 
 
 def _trainer(path, **overrides):
-    return build_trainer(trl_groupx.GRPOTrainer, trl_groupx.GRPOConfig, path,
-                         advantage_estimator="test_running_baseline", max_steps=3, save_strategy="steps",
-                         save_steps=1, **overrides)
+    settings = dict(advantage_estimator="test_running_baseline", max_steps=3, save_strategy="steps", save_steps=1)
+    return build_trainer(trl_groupx.GRPOTrainer, trl_groupx.GRPOConfig, path, **{**settings, **overrides})
 
 
 def test_state_is_saved_and_resume_continues_exactly(tmp_path, stateful_variant):
@@ -60,3 +59,15 @@ def test_stateful_flag_must_match_signature():
     with scoped_variants(), pytest.raises(ValueError, match="stateful=False but its fn has a `state` argument"):
         register("bad_state", name="t", paper="arXiv:0000.00000", official_code=None, stage="advantages")(
             running_baseline)
+
+
+def test_evaluation_does_not_advance_state(tmp_path, stateful_variant):
+    trainer = _trainer(tmp_path, max_steps=1)
+    trainer.train()
+    before = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in trainer.variant_state["test_running_baseline"].items()}
+    trainer.model.eval()
+    batch = next(iter(trainer.get_train_dataloader()))
+    trainer._generate_and_score_completions(batch)  # the eval path runs the stages too
+    after = trainer.variant_state["test_running_baseline"]
+    assert after["calls"] == before["calls"] == 1
+    assert torch.equal(after["baseline"], before["baseline"])
