@@ -20,6 +20,10 @@ Token weights (`token_weighting`)
     `fn(advantages: (N,), ctx: TokenContext, *, <config fields>) -> advantages (N, T)`. Values at padding
     positions are ignored by the loss but must be finite; statistics must never read them.
 
+Variants may also declare (in `requires`) inputs that the trainer passes as keyword arguments:
+`completion_lengths` (N,) for advantage variants, and `global_step`, `total_steps` (optimizer steps done and
+planned) for schedules in any stage.
+
 Stateful variants (running baselines, priors, replay buffers, schedules) take a keyword-only `state: dict` that
 they read and update in place, with tensors and plain numbers only. The trainer passes the same dict on every
 call, keeps it identical on every process (it is updated from the same global batch everywhere) and saves it
@@ -98,11 +102,16 @@ class ObjectiveContext:
     entropies: torch.Tensor | None = None
 
 
+# Keyword-only arguments the trainer supplies itself (see `requires` in registry.py), not read from the config.
+TRAINER_SUPPLIED = frozenset({"state", "completion_lengths", "global_step", "total_steps"})
+
+
 def config_kwargs(fn: Callable[..., Any], config: Any) -> dict[str, Any]:
-    """Values of the keyword-only parameters of `fn` (but `state`), read from `config` fields of the same name."""
+    """Values of the keyword-only parameters of `fn` (but those in `TRAINER_SUPPLIED`), read from `config` fields of
+    the same name."""
     kwargs = {}
     for name, param in inspect.signature(fn).parameters.items():
-        if param.kind is inspect.Parameter.KEYWORD_ONLY and name != "state":
+        if param.kind is inspect.Parameter.KEYWORD_ONLY and name not in TRAINER_SUPPLIED:
             if not hasattr(config, name):
                 raise AttributeError(f"{fn.__qualname__} reads config field {name!r}, which GRPOConfig lacks.")
             kwargs[name] = getattr(config, name)

@@ -30,8 +30,12 @@ SELECTORS: dict[Stage, str] = {
     "objective": "loss_type",
 }
 
-# Inputs the trainer can compute for a variant when it declares it needs them.
-KNOWN_REQUIREMENTS = frozenset({"entropies", "old_logps", "ref_logps", "rewards_per_func", "group_structure"})
+# Inputs the trainer can compute for a variant when it declares it needs them. `completion_lengths` ((N,), advantage
+# variants) and `global_step` (which brings `total_steps` too; schedules, any stage) arrive as keyword arguments of
+# the variant's function; the others fill the stage's context.
+KNOWN_REQUIREMENTS = frozenset(
+    {"entropies", "old_logps", "ref_logps", "rewards_per_func", "group_structure", "completion_lengths", "global_step"}
+)
 
 _ID_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
 

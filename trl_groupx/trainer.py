@@ -117,7 +117,10 @@ class GRPOTrainer(trl.GRPOTrainer):
         variant = self.variants.get("advantages")
         if variant is not None:
             source = rewards_per_func if "rewards_per_func" in variant.requires else rewards
-            advantages = self._call(variant, source, group_size)
+            extra = {}
+            if "completion_lengths" in variant.requires:
+                extra["completion_lengths"] = self.accelerator.gather(output["completion_mask"].sum(-1)).float()
+            advantages = self._call(variant, source, group_size, **extra)
             if not torch.isfinite(advantages).all():
                 raise ValueError(f"advantage_estimator={variant.id!r} returned non-finite advantages.")
             return advantages
@@ -156,8 +159,10 @@ class GRPOTrainer(trl.GRPOTrainer):
             return None
         return self.accelerator.gather(self.accelerator.pad_across_processes(x, dim=1, pad_index=0))
 
-    def _call(self, variant: Variant, *args: Any) -> Any:
-        kwargs = config_kwargs(variant.fn, self.args)
+    def _call(self, variant: Variant, *args: Any, **extra: Any) -> Any:
+        kwargs = {**config_kwargs(variant.fn, self.args), **extra}
+        if "global_step" in variant.requires:  # for schedules: optimizer steps done and planned
+            kwargs.update(global_step=self.state.global_step, total_steps=self.state.max_steps)
         if variant.stateful:
             state = self.variant_state[variant.id]
             # Evaluation must not advance running baselines or priors: it works on a throw-away copy.

@@ -92,3 +92,22 @@ def test_stages_compose(tmp_path, flags):
         assert set(inputs["advantages"].tolist()) <= {-1.0, 1.0}
     else:
         assert inputs["advantages"].dim() == 2
+
+
+def test_trainer_supplied_inputs_reach_the_variant(tmp_path):
+    seen = {}
+
+    def spy(rewards, group_size, *, completion_lengths, global_step, total_steps):
+        """Test-only estimator recording what the trainer passes."""
+        seen.update(lengths=completion_lengths.clone(), step=global_step, total=total_steps)
+        return torch.nan_to_num(rewards - 0.5)
+
+    with scoped_variants():
+        register("test_spy", name="t", paper="arXiv:0000.00000", official_code=None, stage="advantages",
+                 requires=("completion_lengths", "global_step"))(spy)
+        trainer = build_trainer(trl_groupx.GRPOTrainer, trl_groupx.GRPOConfig, tmp_path,
+                                advantage_estimator="test_spy", max_steps=2)
+        trainer.train()
+    assert seen["step"] == 1 and seen["total"] == 2  # called before the second optimizer step of two
+    assert seen["lengths"].shape == (8,) and (seen["lengths"] >= 1).all()
+    assert seen["lengths"].sum() == sum(len(c[0]["content"]) + 1 for c in list(trainer._logs["completion"]))

@@ -43,6 +43,8 @@ def test_dispatched_variant_contract(variant):
     kwargs = config_kwargs(variant.fn, config)
     if variant.stateful:
         kwargs["state"] = {}
+    if "global_step" in variant.requires:
+        kwargs.update(global_step=3, total_steps=10)
     torch.manual_seed(0)
     n, t, g = 8, 5, 4
     rewards = torch.tensor([1.0, 0.0, 1.0, float("nan"), 0.0, 0.0, 0.0, 0.0])
@@ -50,6 +52,8 @@ def test_dispatched_variant_contract(variant):
     mask[1, 3:] = 0
     mask[5] = 0  # an empty completion
     if variant.stage == "advantages":
+        if "completion_lengths" in variant.requires:
+            kwargs["completion_lengths"] = mask.sum(-1)
         out = variant.fn(rewards, g, **kwargs)
         assert out.shape == (n,) and torch.isfinite(out).all() and out[3] == 0
     elif variant.stage == "token_weights":
