@@ -9,18 +9,17 @@ from .registry import list_variants
 
 
 def format_variants(stage: str | None = None) -> str:
-    """The registry as a plain-text table: id, stage, flags, paper, official code."""
-    rows = [("id", "stage", "flags", "paper", "official code")]
+    """The registry as text, one block per variant: id, stage, paper; then its flags and official code."""
+    blocks = []
     for v in list_variants(stage):
-        flags = ", ".join(f"{k}={v!r}" for k, v in v.flags.items())
-        rows.append((v.id + (" (TRL)" if v.native else ""), v.stage, flags, v.paper, v.official_code or "-"))
-    widths = [min(max(len(r[i]) for r in rows), cap) for i, cap in enumerate((24, 13, 70, 200, 200))]
-    lines = []
-    for i, row in enumerate(rows):
-        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-        if i == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+        origin = "  (TRL built-in preset)" if v.native else ""
+        flags = ", ".join(f"{key}={value!r}" for key, value in v.flags.items())
+        lines = [f"{v.id}  [{v.stage}]{origin}", f"    paper: {v.paper}", f"    flags: {flags}"]
+        lines.append(f"    code:  {v.official_code or '-'}")
+        if v.needs:
+            lines.append(f"    needs: {', '.join(v.needs)}")
+        blocks.append("\n".join(lines))
+    return "\n".join(blocks)
 
 
 def main(argv: list[str] | None = None) -> None:

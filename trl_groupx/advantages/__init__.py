@@ -14,6 +14,7 @@ from .group_norm import TRL_STD_EPS, decoupled_normalized_advantages, group_norm
 from .grpo_passk import grpo_passk_advantages
 from .mathforge_dgpo import mathforge_dgpo_advantages
 from .mo_grpo import mo_grpo_advantages
+from .opo import opo_advantages
 from .reinforce_pp_baseline import reinforce_pp_baseline_advantages
 from .rloo import rloo_advantages
 from .sign import sign_advantages
@@ -33,6 +34,7 @@ __all__ = [
     "grpo_passk_advantages",
     "mathforge_dgpo_advantages",
     "mo_grpo_advantages",
+    "opo_advantages",
     "reinforce_pp_baseline_advantages",
     "rloo_advantages",
     "sign_advantages",
