@@ -9,6 +9,7 @@ from .dppo import dppo_kl_surrogate, dppo_tv_surrogate
 from .dual_clip import dual_clip_surrogate
 from .entropy_cov import clip_cov_surrogate, kl_cov_surrogate
 from .gmpo import gmpo_surrogate
+from .holderpo import holderpo_p, holderpo_surrogate
 from .reinforce import reinforce_surrogate
 from .surrogates import cispo_surrogate, clipped_surrogate, log_ratio, sapo_surrogate
 
@@ -23,6 +24,8 @@ __all__ = [
     "dppo_tv_surrogate",
     "dual_clip_surrogate",
     "gmpo_surrogate",
+    "holderpo_p",
+    "holderpo_surrogate",
     "kl_cov_surrogate",
     "log_ratio",
     "reinforce_surrogate",

@@ -17,6 +17,16 @@ class ObjectiveArgs:
     > gmpo
     gmpo_clip (`float`, defaults to `0.4`): GMPO's log-space clip `c`.
 
+    > holderpo
+    holderpo_p_start (`float`, defaults to `2.0`): HölderPO: power `p` of the Hölder mean of token ratios at step 0
+        (official script: 2).
+    holderpo_p_end (`float`, defaults to `-2.0`): HölderPO: `p` reached after `holderpo_schedule_steps` optimizer
+        steps and kept afterwards (official script: −2).
+    holderpo_schedule_steps (`int`, defaults to `500`): HölderPO: length of the linear `p` schedule in optimizer
+        steps, ≥ 1 (official script: 500).
+    holderpo_schedule (`str`, defaults to `"linear"`): HölderPO: `"linear"` (start → end) or `"constant"` (`p =
+        holderpo_p_start` throughout; e.g. 1 = arithmetic mean, 0 = geometric mean).
+
     > dual_clip
     dual_clip_c (`float`, defaults to `3.0`): dual-clip PPO's cap `c > 1` on the ratio of negative-advantage tokens
         (verl's `clip_ratio_c`).
@@ -45,6 +55,13 @@ class ObjectiveArgs:
     )
     # gmpo
     gmpo_clip: float = field(default=0.4, metadata={"help": "GMPO: log-space clip c of each token log-ratio."})
+    # holderpo
+    holderpo_p_start: float = field(default=2.0, metadata={"help": "HolderPO: power p of the ratio mean at step 0."})
+    holderpo_p_end: float = field(default=-2.0, metadata={"help": "HolderPO: p at the end of the schedule."})
+    holderpo_schedule_steps: int = field(default=500, metadata={"help": "HolderPO: linear p schedule length (steps)."})
+    holderpo_schedule: str = field(
+        default="linear", metadata={"help": "HolderPO: 'linear' (p_start -> p_end) or 'constant' (p = p_start)."}
+    )
     # dual_clip
     dual_clip_c: float = field(default=3.0, metadata={"help": "Dual-clip PPO: ratio cap c > 1 for A < 0 tokens."})
     # clip_cov
