@@ -59,7 +59,7 @@ def test_changes_gradient_and_uses_length_weighted_baseline(tmp_path, peft):
     assert grads_differ(base_grads, grads)
 
 
-@pytest.mark.parametrize("flags", [dict(loss_type="gmpo"), dict(loss_type="dapo", epsilon_high=0.28)])
+@pytest.mark.parametrize("flags", [{"loss_type": "gmpo"}, {"loss_type": "dapo", "epsilon_high": 0.28}])
 def test_composes(tmp_path, flags):
     trainer = ours(tmp_path, advantage_estimator="opo", **flags)
     loss, grads, _ = one_step(trainer)

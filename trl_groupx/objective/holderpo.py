@@ -33,7 +33,8 @@ def holderpo_p(global_step: int, *, p_start: float, p_end: float, schedule_steps
 def holder_log_mean(log_ratio: torch.Tensor, mask: torch.Tensor, p: float) -> torch.Tensor:
     """`log M_p` per row `(B, 1)` of the ratios `exp(log_ratio)` over the positions where `mask` is 1:
     `log M_p = (1/p) log((1/|y|) Σ_t exp(p·d_t))`, computed shifted by the row maximum with `expm1`/`log1p` (no
-    overflow of `ρ^p`, float32-accurate as `p → 0`), and the mean log-ratio when `|p| < 1e-6`. Rows with no token get 0 (`M = 1`). Padding values are never read."""
+    overflow of `ρ^p`, float32-accurate as `p → 0`), and the mean log-ratio when `|p| < 1e-6`. Rows with no token
+    get 0 (`M = 1`). Padding values are never read."""
     on = mask.bool()
     length = mask.sum(-1, keepdim=True)
     nonempty = length > 0
@@ -101,7 +102,7 @@ def holderpo_surrogate(
         M_p,i = ((1/|y_i|) Σ_t ρ_t^p)^{1/p}           (|p| ≥ 1e-6);   M_0,i = exp((1/|y_i|) Σ_t log ρ_t)   (|p| < 1e-6)
         ℓ_i   = max(−A_i M_p,i, −A_i clip(M_p,i, 1 − ε_low, 1 + ε_high))
 
-    with `ε_low = epsilon`, `ε_high = epsilon_high or epsilon` (paper/official: 0.2 both), no per-token clip.
+    with `ε_low = epsilon`, `ε_high = epsilon_high or epsilon` (official: 0.2 both), no per-token clip.
     `ℓ_i` is broadcast to `(B, T)`; with `loss_aggregation="sequence_mean"` (the default) the loss is `mean_i ℓ_i`,
     the official reduction (`(pg_loss_max * loss_masks).mean()`, one sequence per micro-batch). Special cases:
     `p = 1` is the arithmetic mean of the ratios (GRPO's per-sequence token mean of `−A ρ_t` wherever neither clip
@@ -125,13 +126,17 @@ def holderpo_surrogate(
     GRPO mean/std advantages). Line numbers are not given: the repository could be read only through a text index
     here, not fetched as a git snapshot.
 
-    Choices: the power mean is computed in log space (shifted, `expm1`/`log1p`; see `holder_log_mean`), equal to the
-    official `exp(p·Δ)` sum where that neither overflows nor loses precision for small `|p|` (the official float
-    form has a relative error of order `1e-7/|p|` near the 1e-6 threshold); an empty completion (`|y| = 0`) gets `M = 1` and no gradient (the official code gives
-    `0^{1/p}`: 0 or ∞); `p` is read from the optimizer step (`global_step`), the official learner's `self.steps`
-    (one optimizer step per learning step in the official script); `total_steps` is not used (the schedule has its
-    own length, as in the official code). The advantages' std epsilon is the advantage stage's (TRL 1e-4; official
-    1e-8).
+    Choices: the power mean is computed in log space (shifted, `expm1`/`log1p`; see `holder_log_mean`), equal to
+    the official `exp(p·Δ)` sum where that neither overflows nor loses precision for small `|p|` (the official
+    float32 form has a relative error of order `1e-7/|p|` just above the 1e-6 threshold); an empty completion
+    (`|y| = 0`) gets `M = 1` and no gradient (the official code gives `0^{1/p}`: 0 or ∞). `p` is read from the
+    optimizer step (`global_step`); the official schedule reads oat's learner counter `self.steps`, which (as far as
+    we could read oat's learner loop, not fetched here) counts rollout batches, each possibly trained with several
+    optimizer steps (1024 rollouts per batch, `train_batch_size` 128). The two counts agree when one generation
+    batch gives one optimizer step (`steps_per_generation = gradient_accumulation_steps`, `num_iterations = 1`, as in
+    `recipes/holderpo.yaml`); otherwise scale `holderpo_schedule_steps`. `total_steps` is not used (the schedule has
+    its own length, as in the official code). The advantages' std epsilon is the advantage stage's (TRL 1e-4;
+    official 1e-8).
     """
     del total_steps  # the schedule has its own length (holderpo_schedule_steps), as in the official code
     p = holderpo_p(global_step, p_start=holderpo_p_start, p_end=holderpo_p_end,

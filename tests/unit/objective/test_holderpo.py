@@ -10,7 +10,7 @@ from trl_groupx import GRPOConfig, get_variant
 from trl_groupx.contracts import ObjectiveContext
 from trl_groupx.objective import aggregate, clipped_surrogate, gmpo_surrogate, holderpo_p, holderpo_surrogate
 
-SCHED = dict(holderpo_p_start=2.0, holderpo_p_end=-2.0, holderpo_schedule_steps=500)
+SCHED = {"holderpo_p_start": 2.0, "holderpo_p_end": -2.0, "holderpo_schedule_steps": 500}
 
 
 def kw(p=None, step=0, **over):
@@ -88,7 +88,7 @@ def test_p1_equals_grpo_sequence_mean_when_no_clip_is_active():
 def test_p0_geometric_mean_hand_values_and_gradient():
     # ρ = [2, 0.5], A = 1, p = 0: M = exp((log 2 − log 2)/2) = 1 → ℓ = −1; dM/dlog ρ_t = M/|y| = 0.5 → grad −0.5
     ctx, logps = ctx_of([[2.0, 0.5]], [1.0])
-    per_token, loss, grad = loss_and_grad(ctx, logps, **kw(p=0.0))
+    per_token, _, grad = loss_and_grad(ctx, logps, **kw(p=0.0))
     torch.testing.assert_close(per_token, torch.full((1, 2), -1.0))
     torch.testing.assert_close(grad, torch.tensor([[-0.5, -0.5]]))
 
@@ -97,7 +97,7 @@ def test_p_to_0_equals_gmpo_without_its_token_clip():
     # Derivation: with |p| < 1e-6 the ratio is GMPO's exp(mean log ρ); GMPO with an infinite log-space clip has no
     # token clip, and where M stays in [0.8, 1.2] HölderPO's sequence clip is inactive too: same value and gradient.
     torch.manual_seed(1)
-    log_r = 0.6 * torch.rand(4, 6) - 0.3  # token ratios up to e^{±0.3}: some leave [0.8, 1.2] (a token clip would bind)
+    log_r = 0.6 * torch.rand(4, 6) - 0.3  # token ratios up to e^{±0.3}: some leave [0.8, 1.2]
     mask = torch.ones(4, 6)
     mask[1, 4:] = 0
     adv = torch.tensor([[1.0], [-0.5], [2.0], [-1.5]])
@@ -162,7 +162,7 @@ def test_on_policy_gradient_is_grpo_for_every_p():
 
 def test_schedule_values():
     # linear from 2 to −2 over 500 steps: p(step) = 2 − 4·min(1, step/500)
-    s = dict(p_start=2.0, p_end=-2.0, schedule_steps=500)
+    s = {"p_start": 2.0, "p_end": -2.0, "schedule_steps": 500}
     assert holderpo_p(0, **s) == 2.0
     assert holderpo_p(125, **s) == 1.0
     assert holderpo_p(250, **s) == 0.0  # midpoint: geometric mean
@@ -223,10 +223,10 @@ def test_token_advantages_are_averaged():
 
 
 @pytest.mark.parametrize("bad, match", [
-    (dict(holderpo_schedule="cos"), "holderpo_schedule"),
-    (dict(holderpo_schedule_steps=0), "holderpo_schedule_steps"),
-    (dict(holderpo_p_end=float("inf")), "holderpo_p_end"),
-    (dict(epsilon=1.5), "epsilon"),
+    ({"holderpo_schedule": "cos"}, "holderpo_schedule"),
+    ({"holderpo_schedule_steps": 0}, "holderpo_schedule_steps"),
+    ({"holderpo_p_end": float("inf")}, "holderpo_p_end"),
+    ({"epsilon": 1.5}, "epsilon"),
 ])
 def test_bad_values_name_the_flag(bad, match):
     with pytest.raises(ValueError, match=match):
