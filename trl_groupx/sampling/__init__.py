@@ -26,3 +26,5 @@ def apply_keep_mask(rewards: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 
 
 __all__ = ["RolloutBatch", "apply_keep_mask"]
+
+from . import d3s, gfpo, zero_variance_filter  # noqa: F401  (registers the variants)
