@@ -10,11 +10,14 @@ from .ebpo import ebpo_advantages
 from .focal_tailmiss import focal_tailmiss_advantages
 from .gd2po import gd2po_advantages
 from .gopo import gopo_advantages
+from .gpg_valid_rescale import gpg_valid_rescale_advantages
 from .group_norm import TRL_STD_EPS, decoupled_normalized_advantages, group_normalized_advantages
 from .grpo_passk import grpo_passk_advantages
 from .mathforge_dgpo import mathforge_dgpo_advantages
+from .mdp_grpo import mdp_grpo_advantages
 from .mo_grpo import mo_grpo_advantages
 from .opo import opo_advantages
+from .reinforce_pp import reinforce_pp_advantages
 from .reinforce_pp_baseline import reinforce_pp_baseline_advantages
 from .rloo import rloo_advantages
 from .sign import sign_advantages
@@ -30,11 +33,14 @@ __all__ = [
     "focal_tailmiss_advantages",
     "gd2po_advantages",
     "gopo_advantages",
+    "gpg_valid_rescale_advantages",
     "group_normalized_advantages",
     "grpo_passk_advantages",
     "mathforge_dgpo_advantages",
+    "mdp_grpo_advantages",
     "mo_grpo_advantages",
     "opo_advantages",
+    "reinforce_pp_advantages",
     "reinforce_pp_baseline_advantages",
     "rloo_advantages",
     "sign_advantages",

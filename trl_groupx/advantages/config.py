@@ -42,6 +42,27 @@ class AdvantageArgs:
     ebpo_scale_rewards (`str`, defaults to `"batch"`): EBPO: divide the shrinkage-baselined advantages by the batch
         reward std (+1e-4; the running global std when the batch has no spread) (`"batch"`, the paper's
         batch-level normalisation) or not at all (`"none"`).
+
+    > mdp_grpo
+    mdp_grpo_alpha (`float`, defaults to `0.2`): MDP-GRPO: weight α of the goal anchor in
+        `A = (1−α)·PT(z) + α·PT(δ)`, in [0, 1] (official scripts 0.2).
+    mdp_grpo_num_constraints (`float`, defaults to `1.0`): MDP-GRPO: constraints per prompt `C ≥ 1` in the goal std
+        `sqrt(G/(4C))` (the official code reads it per prompt from a dataset column; here one value per run).
+    mdp_grpo_goal_mode (`str`, defaults to `"max_half_and_group_mean"`): MDP-GRPO: goal-anchor mean,
+        `max(0.5, group mean)` (official default), `"half"` (paper's fixed 0.5) or `"group_mean"`.
+    mdp_grpo_prospect (`bool`, defaults to `True`): MDP-GRPO: apply the prospect-theoretic shaping to both anchors.
+    mdp_grpo_prospect_beta (`float`, defaults to `0.8`): MDP-GRPO: β_PT in `λ·tanh(β_PT·v)`.
+    mdp_grpo_lambda_pos (`float`, defaults to `1.25`): MDP-GRPO: λ+ for non-negative anchors (paper/config
+        default; the shipped script uses 2.0).
+    mdp_grpo_lambda_neg (`float`, defaults to `2.0`): MDP-GRPO: λ− for negative anchors, > λ+ for loss aversion
+        (the shipped script uses 1.25).
+
+    > gpg_valid_rescale
+    gpg_valid_rescale_min_inverse_alpha (`float`, defaults to `0.5`): GPG: floor of the valid-group fraction
+        `(B − M)/B`, so the rescale `α = B/(B − M)` is at most `1/0.5 = 2` (official resampling threshold 0.5; the
+        resampling loop itself is not provided). In (0, 1].
+    gpg_valid_rescale_scale_rewards (`bool`, defaults to `False`): GPG: also divide by the group std + 1e-4
+        (official `--scale_rewards`, off in the official scripts).
     """
 
     advantage_estimator: str = field(
@@ -87,4 +108,24 @@ class AdvantageArgs:
     # ebpo
     ebpo_scale_rewards: str = field(
         default="batch", metadata={"help": "EBPO: 'batch' (divide by the batch reward std) or 'none'."}
+    )
+    # mdp_grpo
+    mdp_grpo_alpha: float = field(default=0.2, metadata={"help": "MDP-GRPO: goal-anchor weight alpha (0.2)."})
+    mdp_grpo_num_constraints: float = field(
+        default=1.0, metadata={"help": "MDP-GRPO: constraints per prompt C in the goal std sqrt(G/(4C))."}
+    )
+    mdp_grpo_goal_mode: str = field(
+        default="max_half_and_group_mean",
+        metadata={"help": "MDP-GRPO: goal mean 'max_half_and_group_mean', 'half' or 'group_mean'."},
+    )
+    mdp_grpo_prospect: bool = field(default=True, metadata={"help": "MDP-GRPO: prospect-theoretic shaping."})
+    mdp_grpo_prospect_beta: float = field(default=0.8, metadata={"help": "MDP-GRPO: beta_PT (0.8)."})
+    mdp_grpo_lambda_pos: float = field(default=1.25, metadata={"help": "MDP-GRPO: lambda+ (1.25)."})
+    mdp_grpo_lambda_neg: float = field(default=2.0, metadata={"help": "MDP-GRPO: lambda- (2.0, loss aversion)."})
+    # gpg_valid_rescale
+    gpg_valid_rescale_min_inverse_alpha: float = field(
+        default=0.5, metadata={"help": "GPG: floor of the valid-group fraction; alpha = B/(B-M) <= 1/this (0.5)."}
+    )
+    gpg_valid_rescale_scale_rewards: bool = field(
+        default=False, metadata={"help": "GPG: also divide by the group std + 1e-4 (official default False)."}
     )
