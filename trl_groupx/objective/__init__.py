@@ -5,6 +5,8 @@ Aggregation is `aggregate(per_token_loss, mask, mode, ...)`, chosen by `loss_agg
 """
 
 from .aggregation import AGGREGATIONS, TRL_LOSS_AGGREGATION, aggregate
+from .ctpo import ctpo_surrogate
+from .dhpo import dhpo_surrogate
 from .dppo import dppo_kl_surrogate, dppo_tv_surrogate
 from .dual_clip import dual_clip_surrogate
 from .entropy_cov import clip_cov_surrogate, kl_cov_surrogate
@@ -20,6 +22,8 @@ __all__ = [
     "cispo_surrogate",
     "clip_cov_surrogate",
     "clipped_surrogate",
+    "ctpo_surrogate",
+    "dhpo_surrogate",
     "dppo_kl_surrogate",
     "dppo_tv_surrogate",
     "dual_clip_surrogate",

@@ -47,6 +47,25 @@ class ObjectiveArgs:
     > dppo_kl
     dppo_kl_delta (`float`, defaults to `0.05`): DPPO-Binary-KL trust-region radius on the binary KL.
     dppo_kl_is_cap (`float`, defaults to `10000.0`): cap `C` of the detached importance weight.
+
+    > ctpo
+    ctpo_clip_low (`float`, defaults to `0.025`): CTPO: log-space lower clip base; bound at position t is
+        `-ctpo_clip_low * t**ctpo_power` (official `la_clip_low`).
+    ctpo_clip_high (`float`, defaults to `0.05`): CTPO: log-space upper clip base (official `la_clip_high`).
+    ctpo_clip_c (`float`, defaults to `0.05`): CTPO: log-space dual-clip base; negative-advantage tokens are capped at
+        ratio `exp(ctpo_clip_c * t**ctpo_power)` (official `la_clip_c`).
+    ctpo_power (`float`, defaults to `0.5`): CTPO: exponent of the position scaling `t**p` (official
+        `clip_ratio_la_power`; 0 = uniform clip).
+    ctpo_ratio_mode (`str`, defaults to `"cumprod"`): CTPO: `"cumprod"` (cumulative product of token ratios, the
+        paper) or `"geomean"` (running geometric mean, the official code's other mode).
+
+    > dhpo
+    dhpo_mix_weight (`float`, defaults to `0.5`): DHPO: weight `w` of the token-level (GRPO) ratio in the hybrid ratio,
+        `1 - w` on the sequence-level (GSPO) ratio; 0.5 = averaged mixing. 1 = GRPO, 0 = GSPO.
+    dhpo_mix_mean (`str`, defaults to `"arithmetic"`): DHPO: `"arithmetic"` (`w r + (1-w) s`) or `"geometric"`
+        (`r^w s^(1-w)`) mix; the paper's form was not available to us, hence a flag.
+    dhpo_seq_epsilon (`float`, defaults to `3e-4`): DHPO: lower trust-region width of the sequence branch (GSPO's).
+    dhpo_seq_epsilon_high (`float`, defaults to `4e-4`): DHPO: upper trust-region width of the sequence branch.
     """
 
     loss_aggregation: str | None = field(
@@ -77,3 +96,14 @@ class ObjectiveArgs:
     # dppo_kl
     dppo_kl_delta: float = field(default=0.05, metadata={"help": "DPPO-KL: trust-region radius on the binary KL."})
     dppo_kl_is_cap: float = field(default=10000.0, metadata={"help": "DPPO-KL: cap of the detached IS weight."})
+    # ctpo
+    ctpo_clip_low: float = field(default=0.025, metadata={"help": "CTPO: log-space lower clip base (x t**power)."})
+    ctpo_clip_high: float = field(default=0.05, metadata={"help": "CTPO: log-space upper clip base (x t**power)."})
+    ctpo_clip_c: float = field(default=0.05, metadata={"help": "CTPO: log-space dual-clip base (x t**power)."})
+    ctpo_power: float = field(default=0.5, metadata={"help": "CTPO: position-scaling exponent p of t**p."})
+    ctpo_ratio_mode: str = field(default="cumprod", metadata={"help": "CTPO: 'cumprod' or 'geomean' prefix ratio."})
+    # dhpo
+    dhpo_mix_weight: float = field(default=0.5, metadata={"help": "DHPO: weight of the token ratio (1-w: sequence)."})
+    dhpo_mix_mean: str = field(default="arithmetic", metadata={"help": "DHPO: 'arithmetic' or 'geometric' ratio mix."})
+    dhpo_seq_epsilon: float = field(default=3e-4, metadata={"help": "DHPO: sequence-branch lower clip width."})
+    dhpo_seq_epsilon_high: float = field(default=4e-4, metadata={"help": "DHPO: sequence-branch upper clip width."})
