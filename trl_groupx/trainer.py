@@ -19,7 +19,9 @@ from typing import Any
 
 import torch
 import trl
+from accelerate.utils import is_peft_model
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from trl.trainer.utils import use_adapter
 
 from .advantages import decoupled_normalized_advantages, group_normalized_advantages
 from .config import GRPOConfig
@@ -48,6 +50,14 @@ class GRPOTrainer(trl.GRPOTrainer):
         active = self.args.active_variants() if isinstance(self.args, GRPOConfig) else {}
         self.variants: dict[str, Variant] = {stage: get_variant(vid) for stage, vid in active.items()}
         self._rewrites_rollouts = bool({"sampling", "advantages", "token_weights"} & self.variants.keys())
+        token_variant = self.variants.get("token_weights")
+        if token_variant and "ref_logps" in token_variant.requires and self.beta == 0.0:
+            if not is_peft_model(self.model):
+                raise ValueError(
+                    f"token_weighting={token_variant.id!r} needs reference log-probs, and with beta=0 and full "
+                    "fine-tuning there is no reference model: train a LoRA adapter (the base model is the reference) "
+                    "or set beta > 0 (TRL then loads one, and also adds its loss-side KL)."
+                )
         self._rewards_per_func: torch.Tensor | None = None
         # Per stateful variant: the dict its function updates in place; saved with every checkpoint.
         self.variant_state: dict[str, dict[str, Any]] = {v.id: {} for v in self.variants.values() if v.stateful}
@@ -135,15 +145,12 @@ class GRPOTrainer(trl.GRPOTrainer):
         requires = self.variants["token_weights"].requires
         logps = entropies = None
         if "entropies" in requires or "old_logps" in requires:
-            input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
-            attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
-            forward = {k: output[k] for k in _FORWARD_KEYS if k in output}
-            with torch.no_grad():
-                logps, entropies, _ = self._get_per_token_logps_and_entropies(
-                    self.model, input_ids, attention_mask, output["completion_ids"].size(1),
-                    batch_size=self.args.per_device_train_batch_size, compute_entropy=True, **forward,
-                )
+            logps, entropies = self._rollout_logps(output, self.model, compute_entropy=True)
         ref = output.get("ref_per_token_logps")
+        if ref is None and "ref_logps" in requires:  # beta = 0 with LoRA: the base model is the reference
+            model = self.accelerator.unwrap_model(self.model)
+            with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None):
+                ref, _ = self._rollout_logps(output, self.model, compute_entropy=False)
         return TokenContext(
             completion_mask=self._gather_padded(output["completion_mask"]),
             group_size=group_size,
@@ -153,6 +160,18 @@ class GRPOTrainer(trl.GRPOTrainer):
             completion_ids=self._gather_padded(output["completion_ids"]),
             rewards=rewards,
         )
+
+    def _rollout_logps(self, output: dict[str, Any], model, compute_entropy: bool):
+        """No-grad per-token log-probs (and entropies) of the generated completions under `model`."""
+        input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+        attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        with torch.no_grad():
+            logps, entropies, _ = self._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, output["completion_ids"].size(1),
+                batch_size=self.args.per_device_train_batch_size, compute_entropy=compute_entropy,
+                **{k: output[k] for k in _FORWARD_KEYS if k in output},
+            )
+        return logps, entropies
 
     def _gather_padded(self, x: torch.Tensor | None) -> torch.Tensor | None:
         if x is None:

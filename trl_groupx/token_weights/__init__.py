@@ -6,16 +6,26 @@ log-probs and entropies (detached); the result replaces `advantages` and flows i
 losses accept `(B, T)` advantages. Padding never enters a statistic.
 """
 
+from .d3s_token import d3s_token_advantages
 from .edge_grpo import edge_grpo_token_advantages
 from .gtpo import gtpo_token_advantages
+from .gtpo_conflict import gtpo_conflict_token_advantages
+from .hapo import hapo_token_advantages
+from .lopti import lopti_token_advantages
 from .mu_grpo import mu_grpo_token_advantages
 from .stapo import stapo_token_advantages
+from .frpo import frpo_token_advantages
 from .wapo import wapo_token_advantages
 
 __all__ = [
     "gtpo_token_advantages",
     "wapo_token_advantages",
+    "frpo_token_advantages",
     "stapo_token_advantages",
     "edge_grpo_token_advantages",
     "mu_grpo_token_advantages",
+    "hapo_token_advantages",
+    "lopti_token_advantages",
+    "gtpo_conflict_token_advantages",
+    "d3s_token_advantages",
 ]

@@ -19,6 +19,9 @@ class TokenWeightArgs:
         and failed completions apart; `"joint"` uses one z-score over all tokens.
     gtpo_success_threshold (`float`, defaults to `0.0`): a completion is successful when its reward exceeds it.
 
+    > frpo
+    frpo_beta (`float`, defaults to `0.01`): β of the future-KL return-to-go subtracted from the advantage.
+
     > wapo
     wapo_positive_group_scale (`bool`, defaults to `True`): multiply the kept advantages by
         #groups / #groups-with-a-positive-completion, which turns `loss_type="dr_grpo"` into WAPO's official
@@ -42,6 +45,38 @@ class TokenWeightArgs:
     mu_grpo_veto_threshold (`float`, defaults to `0.01`): the trigger's probability (low_prob) or entropy in nats
         (high_entropy).
     mu_grpo_veto_inclusive (`bool`, defaults to `True`): the trigger token itself is vetoed too.
+
+    > hapo
+    hapo_token_group_norm (`bool`, defaults to `True`): Token Level Group Average: group mean/std over tokens
+        (each completion weighted by its length, population std, ε 1e-6) instead of the incoming advantage.
+    hapo_dar (`bool`, defaults to `True`): Differential Advantage Redistribution at ratio 1: low-entropy tokens
+        (ĥ ≤ 0) get `A·(1 + β·ĥ)`.
+    hapo_adv_beta (`float`, defaults to `1.0`): DAR's β (official `adv_beta`).
+    hapo_entropy_pivot (`float`, defaults to `0.8`): quantile of the batch's log-entropies that splits low from
+        high entropy (official `entropy_pivot`).
+    hapo_fallback_threshold (`float`, defaults to `5.0`): a group with some |TLGA advantage| ≥ this falls back
+        to the incoming advantage (official code's smoothing rule).
+
+    > lopti
+    lopti_alpha (`float`, defaults to `0.3`): Advantage Reweighting α; token weight `α·π_old(y_t) + 1 − α`
+        (official `reweight_k = α`, `reweight_tau = 1 − α`; 0 = GRPO).
+
+    > gtpo_conflict
+    gtpo_conflict_weight (`float`, defaults to `2.0`): weight of the conflict tokens (shared prefix/suffix) of
+        positive completions (official W_RAW); those of negative completions get 0.
+    gtpo_conflict_entropy_max (`float`, defaults to `0.7`): completions whose mean entropy exceeds it get 0.
+    gtpo_conflict_entropy_coef (`float`, defaults to `0.1`): kept completions' advantage becomes `A − c·H̄`.
+    gtpo_conflict_normalize (`bool`, defaults to `True`): divide each completion's advantages by its number of
+        conflict tokens (at least 1), as the official loss does.
+
+    > d3s_token
+    d3s_token_keep_start (`float`, defaults to `0.5`): fraction of real tokens kept (top |A|·H) at step 0 (our
+        choice; the paper's value is not public).
+    d3s_token_keep_end (`float`, defaults to `1.0`): fraction kept at the last step.
+    d3s_token_schedule (`str`, defaults to `"linear"`): keep-ratio schedule `"linear"`, `"cosine"` or
+        `"constant"` (= start).
+    d3s_token_renormalize (`str`, defaults to `"token"`): `"token"` (global token-mean losses), `"sequence"`
+        (sequence-mean losses) or `"none"`: remove dropped tokens from the loss normaliser.
     """
 
     token_weighting: str | None = field(
@@ -57,6 +92,8 @@ class TokenWeightArgs:
     gtpo_success_threshold: float = field(
         default=0.0, metadata={"help": "GTPO: a completion is successful when its reward exceeds this."}
     )
+    # frpo
+    frpo_beta: float = field(default=0.01, metadata={"help": "FRPO: coefficient β of the future-KL correction."})
     # wapo
     wapo_positive_group_scale: bool = field(
         default=True, metadata={"help": "WAPO: rescale by #groups / #groups with a positive (official normaliser)."}
@@ -79,3 +116,29 @@ class TokenWeightArgs:
         default=0.01, metadata={"help": "Mu-GRPO: trigger probability (low_prob) or entropy (high_entropy)."}
     )
     mu_grpo_veto_inclusive: bool = field(default=True, metadata={"help": "Mu-GRPO: veto the trigger token too."})
+    # hapo
+    hapo_token_group_norm: bool = field(default=True, metadata={"help": "HAPO: Token Level Group Average norm."})
+    hapo_dar: bool = field(default=True, metadata={"help": "HAPO: Differential Advantage Redistribution."})
+    hapo_adv_beta: float = field(default=1.0, metadata={"help": "HAPO DAR: β on the entropy term."})
+    hapo_entropy_pivot: float = field(default=0.8, metadata={"help": "HAPO: entropy pivot quantile."})
+    hapo_fallback_threshold: float = field(
+        default=5.0, metadata={"help": "HAPO TLGA: fall back to the incoming advantage when |A| >= this."}
+    )
+    # lopti
+    lopti_alpha: float = field(default=0.3, metadata={"help": "AR (Lopti paper): weight α·p + 1 − α on A."})
+    # gtpo_conflict
+    gtpo_conflict_weight: float = field(default=2.0, metadata={"help": "GTPO: weight of positive conflict tokens."})
+    gtpo_conflict_entropy_max: float = field(
+        default=0.7, metadata={"help": "GTPO: drop completions with mean entropy above this."}
+    )
+    gtpo_conflict_entropy_coef: float = field(default=0.1, metadata={"help": "GTPO: A − coef·mean entropy."})
+    gtpo_conflict_normalize: bool = field(
+        default=True, metadata={"help": "GTPO: divide a completion's advantages by its conflict-token count."}
+    )
+    # d3s_token
+    d3s_token_keep_start: float = field(default=0.5, metadata={"help": "D3S: token keep ratio at step 0."})
+    d3s_token_keep_end: float = field(default=1.0, metadata={"help": "D3S: token keep ratio at the last step."})
+    d3s_token_schedule: str = field(default="linear", metadata={"help": "D3S: 'linear', 'cosine' or 'constant'."})
+    d3s_token_renormalize: str = field(
+        default="token", metadata={"help": "D3S: renormalise over kept tokens: 'token', 'sequence' or 'none'."}
+    )
