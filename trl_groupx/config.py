@@ -127,7 +127,11 @@ def _check_selectors(config: GRPOConfig) -> None:
 
 
 def _check_orphan_params(config: GRPOConfig, active: set[str]) -> None:
-    defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
+    defaults = {
+        f.name: f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+        for f in dataclasses.fields(GRPOConfig)
+        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+    }
     for variant in list_variants():
         if variant.id in active:
             continue

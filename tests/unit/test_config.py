@@ -29,7 +29,7 @@ def test_trl_fields_and_defaults_unchanged():
         (dict(advantage_estimator="softmax"), r"advantage_estimator='softmax'.*Choose one of \['grpo', .*'sign_adv'"),
         (dict(advantage_estimator="gmpo"), r"'gmpo' belongs to the objective stage; switch it on with"),
         (dict(token_weighting="sign_adv"), r"'sign_adv' belongs to the advantages stage"),
-        (dict(rollout_filter="gfpo"), r"rollout_filter='gfpo' is not a variant of the sampling stage"),
+        (dict(rollout_filter="no_such_filter"), r"rollout_filter='no_such_filter' is not a variant of the sampling"),
         (dict(gmpo_clip=0.3), r"gmpo_clip=0.3 belongs to variant 'gmpo'.*set loss_type='gmpo'"),
         (dict(gtpo_alpha2=0.5), r"gtpo_alpha2=0.5 belongs to variant 'gtpo_entropy'.*token_weighting"),
         (dict(loss_type="dapo", loss_aggregation="token_mean"), r"only applies to trl_groupx objectives"),

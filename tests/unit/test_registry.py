@@ -57,7 +57,9 @@ def test_dispatched_variant_contract(variant):
         out = variant.fn(rewards, g, **kwargs)
         assert out.shape == (n,) and torch.isfinite(out).all() and out[3] == 0
     elif variant.stage == "token_weights":
-        ctx = TokenContext(mask, g, entropies=torch.rand(n, t) * 2, logps=-torch.rand(n, t), rewards=rewards)
+        logps = -torch.rand(n, t)
+        ctx = TokenContext(mask, g, entropies=torch.rand(n, t) * 2, logps=logps, ref_logps=logps - 0.1 * torch.rand(n, t),
+                           rewards=rewards, completion_ids=torch.randint(0, 5, (n, t)))  # the trainer always fills ids
         out = variant.fn(torch.zeros(n), ctx, **kwargs)
         assert out.shape == (n, t) and torch.isfinite(out).all() and (out[mask == 0] == 0).all()
     elif variant.stage == "objective":
