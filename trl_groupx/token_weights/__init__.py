@@ -16,6 +16,7 @@ from .mu_grpo import mu_grpo_token_advantages
 from .stapo import stapo_token_advantages
 from .frpo import frpo_token_advantages
 from .wapo import wapo_token_advantages
+from .temporal_credit import temporal_credit_token_advantages
 
 __all__ = [
     "gtpo_token_advantages",
@@ -28,4 +29,5 @@ __all__ = [
     "lopti_token_advantages",
     "gtpo_conflict_token_advantages",
     "d3s_token_advantages",
+    "temporal_credit_token_advantages",
 ]

@@ -77,6 +77,15 @@ class TokenWeightArgs:
         `"constant"` (= start).
     d3s_token_renormalize (`str`, defaults to `"token"`): `"token"` (global token-mean losses), `"sequence"`
         (sequence-mean losses) or `"none"`: remove dropped tokens from the loss normaliser.
+
+    > temporal_credit
+    temporal_credit_magnitude (`float`, defaults to `0.99`): untrained prefix fraction ρ of each completion at
+        step 0 (official `initial_schedule_magnitude`).
+    temporal_credit_end_fraction (`float`, defaults to `0.8`): fraction of the planned training steps after which
+        ρ = 0 (every token trained, = GRPO); official `max_schedule_step` = 0.8·T.
+    temporal_credit_schedule (`str`, defaults to `"linear"`): `"linear"`, `"sigmoid"` or `"gamma"` (official
+        `schedule_mode`).
+    temporal_credit_gamma (`float`, defaults to `2.0`): exponent of the `"gamma"` schedule (official `gamma_ratio`).
     """
 
     token_weighting: str | None = field(
@@ -142,3 +151,14 @@ class TokenWeightArgs:
     d3s_token_renormalize: str = field(
         default="token", metadata={"help": "D3S: renormalise over kept tokens: 'token', 'sequence' or 'none'."}
     )
+    # temporal_credit
+    temporal_credit_magnitude: float = field(
+        default=0.99, metadata={"help": "Temporal credit: untrained prefix fraction at step 0."}
+    )
+    temporal_credit_end_fraction: float = field(
+        default=0.8, metadata={"help": "Temporal credit: training fraction after which all tokens are trained."}
+    )
+    temporal_credit_schedule: str = field(
+        default="linear", metadata={"help": "Temporal credit: 'linear', 'sigmoid' or 'gamma'."}
+    )
+    temporal_credit_gamma: float = field(default=2.0, metadata={"help": "Temporal credit: 'gamma' exponent."})
