@@ -27,3 +27,13 @@ def test_overhead_runs_two_steps(capsys):
     _load("overhead").main(["--steps", "2", "--cases", "no flag", "gmpo"])
     out = capsys.readouterr().out
     assert "no flag" in out and "gmpo" in out
+
+
+def test_learning_curves_writes_results(tmp_path):
+    results = _load("learning_curves").main(
+        ["--steps", "2", "--seeds", "1", "--configs", "sign_adv", "--output-dir", str(tmp_path)]
+    )
+    assert len(results["sign_adv"]["runs"][0]["rewards"]) == 2
+    for name in ("learning_curves.md", "learning_curves.json", "learning_curves.png", "learning_curves_small_groups.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    assert "| sign_adv |" in (tmp_path / "learning_curves.md").read_text()

@@ -1,0 +1,173 @@
+"""Learning curves of GRPO variants on the shipped tiny arithmetic model (CPU, offline), several seeds per variant.
+
+    python benchmarks/learning_curves.py --steps 150 --seeds 2
+
+Every configuration trains with trl_groupx.GRPOTrainer and the demo's defaults (trl_groupx.demo.DEMO_DEFAULTS) for
+the same number of steps and the same number of rollouts per step (per_device_train_batch_size fixed at 64, so a
+group size of 2 means 32 prompts per step); only the group size and the variant's flags change. After training,
+sampled pass@1 (T=1, mean over 8 samples) and pass@8 are measured on 64 held-out problems (arithmetic_dataset(seed=99)).
+Writes learning_curves.md, learning_curves.json and reward-vs-step PNGs (mean, min/max band over seeds) to --output-dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+for _key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "TRL_EXPERIMENTAL_SILENCE"):
+    os.environ.setdefault(_key, "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+from transformers.trainer_callback import PrinterCallback  # noqa: E402
+
+import trl_groupx  # noqa: E402
+from trl_groupx.demo import DEMO_DEFAULTS  # noqa: E402
+from trl_groupx.toy import arithmetic_dataset, arithmetic_reward, load_tiny_tokenizer, tiny_model_path  # noqa: E402
+
+ROLLOUTS_PER_STEP = DEMO_DEFAULTS["per_device_train_batch_size"]  # 64 = 8 prompts x 8 completions
+
+
+def _registry(variant_id: str) -> dict:
+    return dict(trl_groupx.get_variant(variant_id).flags)
+
+
+def default_configs() -> dict[str, dict]:
+    """name -> GRPOConfig flags. Variant flags come from the registry (the paper's defaults)."""
+    configs = {"plain TRL (dapo)": {}}
+    for vid in ("sign_adv", "gtpo_entropy", "gmpo", "focal_tailmiss", "softmax_grpo", "gfpo"):
+        configs[vid] = _registry(vid)
+    # GFPO's registry flags sample 16 and keep 8 (dropped rollouts are masked, the batch keeps its shape): with
+    # generation_batch_size = 64 it samples the same 64 rollouts per step (4 prompts x 16) and trains on 32.
+    configs["gfpo"]["generation_batch_size"] = ROLLOUTS_PER_STEP
+    for g in (2, 4):
+        configs[f"plain TRL, G={g}"] = {"num_generations": g}
+        configs[f"sign_adv, G={g}"] = {**_registry("sign_adv"), "num_generations": g}
+    return configs
+
+
+def evaluate(model, tokenizer, n_problems: int = 64, k: int = 8, seed: int = 0) -> tuple[float, float]:
+    """Sampled pass@1 (T=1; mean correctness over k samples) and pass@k on arithmetic_dataset(seed=99)."""
+    data = arithmetic_dataset(n=n_problems, seed=99)
+    texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in data["prompt"]]
+    tokenizer.padding_side = "left"
+    enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    torch.manual_seed(seed)
+    model.eval()
+    with torch.no_grad():
+        out = model.generate(**enc, do_sample=True, temperature=1.0, top_p=1.0, top_k=0, num_return_sequences=k,
+                             max_new_tokens=DEMO_DEFAULTS["max_completion_length"], pad_token_id=tokenizer.pad_token_id)
+    completions = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    answers = [a for a in data["answer"] for _ in range(k)]
+    correct = torch.tensor(arithmetic_reward(completions, answers)).view(n_problems, k)
+    return correct.mean().item(), (correct.max(dim=1).values.mean().item())
+
+
+def run_one(flags: dict, steps: int, seed: int, workdir: Path) -> dict:
+    from trl_groupx import GRPOConfig, GRPOTrainer
+
+    torch.set_num_threads(1)
+    args = GRPOConfig(output_dir=str(workdir), max_steps=steps, **{**DEMO_DEFAULTS, **flags, "seed": seed})
+    tokenizer = load_tiny_tokenizer()
+    trainer = GRPOTrainer(model=tiny_model_path(), reward_funcs=arithmetic_reward, processing_class=tokenizer,
+                          train_dataset=arithmetic_dataset(n=2048, seed=1), args=args)
+    trainer.remove_callback(PrinterCallback)
+    start = time.time()
+    trainer.train()
+    wall = time.time() - start
+    rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
+    pass1, passk = evaluate(trainer.model, tokenizer, seed=seed)
+    return {"seed": seed, "rewards": rewards, "wall_s": wall, "pass@1": pass1, "pass@8": passk}
+
+
+def _ms(values: list[float]) -> str:
+    return f"{statistics.mean(values):.3f} ± {statistics.stdev(values) if len(values) > 1 else 0.0:.3f}"
+
+
+def environment() -> dict:
+    import transformers
+    import trl
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"python": platform.python_version(), "torch": torch.__version__, "trl": trl.__version__,
+            "transformers": transformers.__version__, "cpu": f"{cpu} ({os.cpu_count()} cores, 1 thread used)"}
+
+
+def write_report(results: dict, env: dict, steps: int, out: Path) -> None:
+    last = max(1, min(10, steps // 5))
+    lines = [f"# Learning curves: {steps} steps, {ROLLOUTS_PER_STEP} rollouts per step, tiny arithmetic model\n",
+             f"Final reward = mean reward of the last {last} steps of each seed, then mean ± std over seeds. pass@1 is "
+             "sampled at T=1 (mean over 8 samples), pass@8 = any of 8 samples correct, on 64 held-out problems "
+             "(arithmetic_dataset(seed=99)); both mean ± std over seeds. Wall time = training only, mean per seed.\n",
+             "| config | flags | seeds | final reward | pass@1 | pass@8 | wall s/run |", "|---|---|---|---|---|---|---|"]
+    for name, r in results.items():
+        finals = [statistics.mean(run["rewards"][-last:]) for run in r["runs"]]
+        flags = ", ".join(f"{k}={v}" for k, v in r["flags"].items()) or "(none)"
+        lines.append(f"| {name} | {flags} | {len(r['runs'])} | {_ms(finals)} | {_ms([x['pass@1'] for x in r['runs']])} "
+                     f"| {_ms([x['pass@8'] for x in r['runs']])} | {statistics.mean(x['wall_s'] for x in r['runs']):.0f} |")
+    lines += ["", "Machine: " + ", ".join(f"{k} {v}" for k, v in env.items()), "",
+              "![reward vs step, group size 8](learning_curves.png)", "",
+              "![reward vs step, small groups](learning_curves_small_groups.png)", ""]
+    (out / "learning_curves.md").write_text("\n".join(lines))
+    (out / "learning_curves.json").write_text(json.dumps({"steps": steps, "environment": env, "results": results}, indent=1))
+
+
+def plot(results: dict, names: list[str], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for name in names:
+        curves = list(zip(*(run["rewards"] for run in results[name]["runs"])))
+        x = range(1, len(curves) + 1)
+        ax.plot(x, [statistics.mean(c) for c in curves], label=name, lw=1.2)
+        ax.fill_between(x, [min(c) for c in curves], [max(c) for c in curves], alpha=0.15)
+    ax.set(xlabel="step", ylabel="mean reward per step", ylim=(0, 1), title=title)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--configs", nargs="*", help="names from the default list (all when omitted)")
+    parser.add_argument("--output-dir", default=str(Path(__file__).resolve().parent / "results"))
+    ns = parser.parse_args(argv)
+    configs = default_configs()
+    names = ns.configs or list(configs)
+    out = Path(ns.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    env, results = environment(), {}
+    for name in names:
+        results[name] = {"flags": configs[name], "runs": []}
+        for seed in range(ns.seeds):
+            with tempfile.TemporaryDirectory() as tmp:
+                run = run_one(configs[name], ns.steps, seed, Path(tmp))
+            results[name]["runs"].append(run)
+            print(f"{name:<22} seed {seed}  last reward {run['rewards'][-1]:.3f}  pass@1 {run['pass@1']:.3f}  "
+                  f"pass@8 {run['pass@8']:.3f}  {run['wall_s']:.0f}s", flush=True)
+        write_report(results, env, ns.steps, out)  # partial results survive an interrupted run
+    small = [n for n in names if ", G=" in n]
+    plot(results, [n for n in names if n not in small], out / "learning_curves.png", "group size 8 (gfpo: 16 → keep 8)")
+    plot(results, small or names[:1], out / "learning_curves_small_groups.png", "small groups, 64 rollouts per step")
+    return results
+
+
+if __name__ == "__main__":
+    main()
