@@ -26,7 +26,7 @@ from trl.trainer.utils import use_adapter
 from .advantages import decoupled_normalized_advantages, group_normalized_advantages
 from .config import GRPOConfig
 from .contracts import ObjectiveContext, RolloutBatch, TokenContext, config_kwargs
-from .objective import aggregate, log_ratio
+from .objective import aggregate, log_ratio, resolved_aggregation
 from .registry import Variant, get_variant
 from .sampling import apply_keep_mask
 
@@ -260,7 +260,7 @@ class GRPOTrainer(trl.GRPOTrainer):
             self._metrics[mode]["kl"].append(self._global_masked_mean(per_token_kl, mask))
 
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
-        aggregation = self.args.loss_aggregation or objective.flags.get("loss_aggregation", "sequence_mean")
+        aggregation = resolved_aggregation(self.args)
         if aggregation == "global_token_mean":
             tokens = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
             if mode == "train":

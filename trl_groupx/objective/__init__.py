@@ -4,7 +4,7 @@ Contract (see `trl_groupx.contracts`): `fn(ctx: ObjectiveContext, *, <config fie
 Aggregation is `aggregate(per_token_loss, mask, mode, ...)`, chosen by `loss_aggregation`.
 """
 
-from .aggregation import AGGREGATIONS, TRL_LOSS_AGGREGATION, aggregate
+from .aggregation import AGGREGATIONS, TRL_LOSS_AGGREGATION, aggregate, resolved_aggregation
 from .ctpo import ctpo_surrogate
 from .dhpo import dhpo_surrogate
 from .dppo import dppo_kl_surrogate, dppo_tv_surrogate
@@ -33,5 +33,6 @@ __all__ = [
     "kl_cov_surrogate",
     "log_ratio",
     "reinforce_surrogate",
+    "resolved_aggregation",
     "sapo_surrogate",
 ]

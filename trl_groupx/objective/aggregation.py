@@ -55,3 +55,13 @@ def aggregate(
     if mode == "sequence_sum":
         return per_token_loss.sum(-1).mean()
     raise ValueError(f"Unknown loss_aggregation {mode!r}; expected one of {AGGREGATIONS}.")
+
+
+def resolved_aggregation(config) -> str:
+    """The normaliser the trainer applies for `config.loss_type`: TRL's own for TRL's loss types, else
+    `loss_aggregation` or the objective's paper default."""
+    from ..registry import get_variant
+
+    if config.loss_type in TRL_LOSS_AGGREGATION:
+        return TRL_LOSS_AGGREGATION[config.loss_type]
+    return config.loss_aggregation or get_variant(config.loss_type).flags.get("loss_aggregation", "sequence_mean")

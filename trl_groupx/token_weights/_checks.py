@@ -39,3 +39,26 @@ def reject_sequence_averaging_objective(variant_id: str, config) -> None:
             "each completion before its geometric mean, so the mask would be undone; use a token-level loss_type "
             "(dapo, cispo, grpo, ...)."
         )
+
+
+RENORMALIZE_MODES = ("token", "sequence", "none")
+# The loss normaliser each renormalisation of a token mask is exact for.
+EXACT_FOR = {"token": ("global_token_mean", "token_mean"), "sequence": ("sequence_mean",)}
+
+
+def check_renormalization(config, flag: str) -> None:
+    """`config.<flag>` is a known renormalisation mode and exact for the loss's normaliser; else a clear error."""
+    from ..objective import resolved_aggregation
+
+    mode = getattr(config, flag)
+    if mode not in RENORMALIZE_MODES:
+        raise ValueError(f"{flag} must be one of {RENORMALIZE_MODES}, got {mode!r}.")
+    if mode == "none":
+        return
+    aggregation = resolved_aggregation(config)
+    if aggregation not in EXACT_FOR[mode]:
+        fix = next((m for m, aggs in EXACT_FOR.items() if aggregation in aggs), "none")
+        raise ValueError(
+            f"{flag}={mode!r} renormalises for a {EXACT_FOR[mode]} loss, but loss_type={config.loss_type!r} "
+            f"normalises by {aggregation!r}; set {flag}={fix!r}."
+        )

@@ -8,12 +8,9 @@ import torch
 
 from ..contracts import TokenContext
 from ..registry import register
-from ._checks import check_groups, clean_advantages, reject_sequence_averaging_objective
-from .stapo import effective_aggregation
+from ._checks import check_groups, check_renormalization, clean_advantages, reject_sequence_averaging_objective
 
 _SCHEDULES = ("linear", "cosine", "constant")
-_RENORMALIZE = ("token", "sequence", "none")
-_EXACT_FOR = {"token": ("global_token_mean", "token_mean"), "sequence": ("sequence_mean",)}
 
 
 def _validate(config) -> None:
@@ -23,23 +20,13 @@ def _validate(config) -> None:
             raise ValueError(f"{name} must lie in (0, 1] (fraction of real tokens kept), got {value!r}.")
     if config.d3s_token_schedule not in _SCHEDULES:
         raise ValueError(f"d3s_token_schedule must be one of {_SCHEDULES}, got {config.d3s_token_schedule!r}.")
-    if config.d3s_token_renormalize not in _RENORMALIZE:
-        raise ValueError(f"d3s_token_renormalize must be one of {_RENORMALIZE}, got {config.d3s_token_renormalize!r}.")
     reject_sequence_averaging_objective("d3s_token", config)
+    check_renormalization(config, "d3s_token_renormalize")
     if config.d3s_token_keep_end < config.d3s_token_keep_start:
         raise ValueError(
             f"d3s_token_keep_end ({config.d3s_token_keep_end}) must be >= d3s_token_keep_start "
             f"({config.d3s_token_keep_start}): the D³S schedule starts aggressive and relaxes."
         )
-    if config.d3s_token_renormalize != "none":
-        aggregation = effective_aggregation(config)
-        if aggregation not in _EXACT_FOR[config.d3s_token_renormalize]:
-            fix = next((mode for mode, aggs in _EXACT_FOR.items() if aggregation in aggs), "none")
-            raise ValueError(
-                f"d3s_token_renormalize={config.d3s_token_renormalize!r} renormalises for a "
-                f"{_EXACT_FOR[config.d3s_token_renormalize]} loss, but loss_type={config.loss_type!r} normalises by "
-                f"{aggregation!r}; set d3s_token_renormalize={fix!r}."
-            )
 
 
 def keep_ratio(start: float, end: float, schedule: str, global_step: int, total_steps: int) -> float:

@@ -8,21 +8,7 @@ import torch
 
 from ..contracts import TokenContext
 from ..registry import register
-from ._checks import check_groups, clean_advantages, reject_sequence_averaging_objective
-
-_RENORMALIZE = ("token", "sequence", "none")
-# The loss normaliser each renormalisation mode is exact for (see the docstring).
-_EXACT_FOR = {"token": ("global_token_mean", "token_mean"), "sequence": ("sequence_mean",)}
-
-
-def effective_aggregation(config) -> str:
-    """The normaliser the trainer will use for `config.loss_type` (mirrors `GRPOTrainer.compute_objective_loss`)."""
-    from ..objective import TRL_LOSS_AGGREGATION
-    from ..registry import get_variant
-
-    if config.loss_type in TRL_LOSS_AGGREGATION:
-        return TRL_LOSS_AGGREGATION[config.loss_type]
-    return config.loss_aggregation or get_variant(config.loss_type).flags.get("loss_aggregation", "sequence_mean")
+from ._checks import check_groups, check_renormalization, clean_advantages, reject_sequence_averaging_objective
 
 
 def _validate(config) -> None:
@@ -30,18 +16,8 @@ def _validate(config) -> None:
         raise ValueError(f"stapo_prob_threshold must lie in (0, 1], got {config.stapo_prob_threshold!r}.")
     if not 0.0 <= config.stapo_entropy_quantile <= 1.0:
         raise ValueError(f"stapo_entropy_quantile must lie in [0, 1], got {config.stapo_entropy_quantile!r}.")
-    if config.stapo_renormalize not in _RENORMALIZE:
-        raise ValueError(f"stapo_renormalize must be one of {_RENORMALIZE}, got {config.stapo_renormalize!r}.")
     reject_sequence_averaging_objective("stapo", config)
-    if config.stapo_renormalize != "none":
-        aggregation = effective_aggregation(config)
-        if aggregation not in _EXACT_FOR[config.stapo_renormalize]:
-            fix = next((mode for mode, aggs in _EXACT_FOR.items() if aggregation in aggs), "none")
-            raise ValueError(
-                f"stapo_renormalize={config.stapo_renormalize!r} renormalises for a "
-                f"{_EXACT_FOR[config.stapo_renormalize]} loss, but loss_type={config.loss_type!r} normalises by "
-                f"{aggregation!r}; set stapo_renormalize={fix!r}."
-            )
+    check_renormalization(config, "stapo_renormalize")
 
 
 def spurious_mask(
