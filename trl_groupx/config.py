@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import trl
 
 from .advantages.config import AdvantageArgs
-from .objective import AGGREGATIONS, TRL_LOSS_AGGREGATION
+from .objective import AGGREGATIONS, KL_ESTIMATORS, TRL_LOSS_AGGREGATION, TRL_REFERENCE_SURROGATE
 from .objective.config import ObjectiveArgs
 from .registry import SELECTORS, dispatchable_ids, get_variant, list_variants
 from .sampling.config import SamplingArgs
@@ -92,6 +92,8 @@ def validate_config(config: GRPOConfig) -> None:
         if config.delta is not None:
             raise ValueError(f"delta (two-sided clipping) does not apply to loss_type={config.loss_type!r}; unset it.")
 
+    _check_kl_estimator(config, custom_objective)
+
     if config.advantage_estimator != "grpo":
         if config.multi_objective_aggregation != "sum_then_normalize":
             raise ValueError(
@@ -105,6 +107,31 @@ def validate_config(config: GRPOConfig) -> None:
                 f"advantage_estimator={config.advantage_estimator!r} replaces TRL's advantage computation, so "
                 f"scale_rewards={config.scale_rewards!r} would be ignored; leave scale_rewards at its default."
             )
+
+
+def _check_kl_estimator(config: GRPOConfig, custom_objective: bool) -> None:
+    if config.kl_estimator not in KL_ESTIMATORS:
+        raise ValueError(f"kl_estimator={config.kl_estimator!r} is unknown; use one of {KL_ESTIMATORS}.")
+    if config.kl_estimator == "k3":
+        return
+    if config.beta == 0.0:
+        raise ValueError(
+            f"kl_estimator={config.kl_estimator!r} has no effect with beta=0 (no KL penalty); set beta > 0 or "
+            "leave kl_estimator='k3'."
+        )
+    if custom_objective:
+        return
+    if config.loss_type not in TRL_REFERENCE_SURROGATE:
+        raise ValueError(
+            f"kl_estimator={config.kl_estimator!r} cannot be combined with loss_type={config.loss_type!r}: trl_groupx "
+            f"has no reference of that loss to put another KL estimator in. Use one of "
+            f"{sorted(TRL_REFERENCE_SURROGATE)} or kl_estimator='k3'."
+        )
+    if config.entropy_coef != 0.0 or config.use_adaptive_entropy:
+        raise ValueError(
+            f"kl_estimator={config.kl_estimator!r} moves the loss to trl_groupx's objective path, which does not "
+            "support TRL's entropy bonus yet; set entropy_coef=0 and use_adaptive_entropy=False, or kl_estimator='k3'."
+        )
 
 
 def _check_selectors(config: GRPOConfig) -> None:

@@ -26,7 +26,8 @@ from trl.trainer.utils import use_adapter
 from .advantages import decoupled_normalized_advantages, group_normalized_advantages
 from .config import GRPOConfig
 from .contracts import ObjectiveContext, RolloutBatch, TokenContext, config_kwargs
-from .objective import aggregate, log_ratio, resolved_aggregation
+from .objective import TRL_REFERENCE_SURROGATE, aggregate, log_ratio, resolved_aggregation
+from .objective.kl import per_token_kl as per_token_kl_fn
 from .registry import Variant, get_variant
 from .sampling import apply_keep_mask
 
@@ -58,6 +59,11 @@ class GRPOTrainer(trl.GRPOTrainer):
                     "fine-tuning there is no reference model: train a LoRA adapter (the base model is the reference) "
                     "or set beta > 0 (TRL then loads one, and also adds its loss-side KL)."
                 )
+        # A TRL loss type with a non-default KL estimator runs through our reference of that loss (same numbers).
+        self._kl_estimator = getattr(self.args, "kl_estimator", "k3")
+        self._reference_objective: Variant | None = None
+        if self._kl_estimator != "k3" and "objective" not in self.variants:
+            self._reference_objective = get_variant(TRL_REFERENCE_SURROGATE[self.args.loss_type])
         self._rewards_per_func: torch.Tensor | None = None
         # Per stateful variant: the dict its function updates in place; saved with every checkpoint.
         self.variant_state: dict[str, dict[str, Any]] = {v.id: {} for v in self.variants.values() if v.stateful}
@@ -213,7 +219,7 @@ class GRPOTrainer(trl.GRPOTrainer):
     # ---- objective ----------------------------------------------------------------------------------------------
 
     def _compute_loss(self, model, inputs):
-        objective = self.variants.get("objective")
+        objective = self.variants.get("objective") or self._reference_objective
         if objective is None:
             return super()._compute_loss(model, inputs)
         return self.compute_objective_loss(model, inputs, objective)
@@ -222,8 +228,9 @@ class GRPOTrainer(trl.GRPOTrainer):
         """Loss of a trl_groupx objective: its per-token surrogate, then TRL's masks and KL, then the aggregation.
 
         Keeps what TRL applies around every surrogate: tool mask, top-entropy mask, off-policy mask, vLLM
-        importance-sampling correction, k3 KL to the reference (with optional bias correction), MoE aux loss and
-        gradient-accumulation scaling. TRL's entropy bonus is rejected at config time for these objectives.
+        importance-sampling correction, KL to the reference (`kl_estimator`, k3 by default, with optional bias
+        correction), MoE aux loss and gradient-accumulation scaling. TRL's entropy bonus is rejected at config time
+        for these objectives.
         """
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
         input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
@@ -252,9 +259,8 @@ class GRPOTrainer(trl.GRPOTrainer):
             per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
         mode = "train" if self.model.training else "eval"
         if self.beta != 0.0:
-            delta = inputs["ref_per_token_logps"] - logps
-            per_token_kl = torch.exp(delta) - delta - 1
-            if self.args.use_bias_correction_kl:  # importance-weight the k3 estimate, at TRL's ratio level
+            per_token_kl = per_token_kl_fn(logps, inputs["ref_per_token_logps"], self._kl_estimator)
+            if self.args.use_bias_correction_kl:  # importance-weight the estimate, at TRL's ratio level
                 per_token_kl = per_token_kl * torch.exp(log_ratio(ctx, self.args.importance_sampling_level))
             per_token_loss = per_token_loss + self.beta * per_token_kl
             self._metrics[mode]["kl"].append(self._global_masked_mean(per_token_kl, mask))

@@ -12,11 +12,14 @@ from .dual_clip import dual_clip_surrogate
 from .entropy_cov import clip_cov_surrogate, kl_cov_surrogate
 from .gmpo import gmpo_surrogate
 from .holderpo import holderpo_p, holderpo_surrogate
+from .kl import KL_ESTIMATORS, per_token_kl
 from .reinforce import reinforce_surrogate
-from .surrogates import cispo_surrogate, clipped_surrogate, log_ratio, sapo_surrogate
+from .surrogates import TRL_REFERENCE_SURROGATE, cispo_surrogate, clipped_surrogate, log_ratio, sapo_surrogate
 
 __all__ = [
     "AGGREGATIONS",
+    "KL_ESTIMATORS",
+    "TRL_REFERENCE_SURROGATE",
     "TRL_LOSS_AGGREGATION",
     "aggregate",
     "cispo_surrogate",
@@ -32,6 +35,7 @@ __all__ = [
     "holderpo_surrogate",
     "kl_cov_surrogate",
     "log_ratio",
+    "per_token_kl",
     "reinforce_surrogate",
     "resolved_aggregation",
     "sapo_surrogate",

@@ -13,6 +13,10 @@ class ObjectiveArgs:
     loss_aggregation (`str` or `None`, *optional*, defaults to `None`):
         Normaliser for a trl_groupx objective: `"sequence_mean"`, `"token_mean"`, `"global_token_mean"`,
         `"constant"` or `"sequence_sum"`. `None` uses the objective's paper default. TRL's loss types fix their own.
+    kl_estimator (`str`, defaults to `"k3"`):
+        Per-token estimator of the KL penalty `beta * KL(pi || pi_ref)`: `"k3"` (TRL's), `"k1"`, `"k2"` or `"abs"`
+        (see `trl_groupx.objective.kl`). Needs `beta > 0`. With a TRL loss type other than `"k3"`, the loss is
+        computed by trl_groupx's reference of that loss type (identical to TRL's for `"k3"`).
 
     > gmpo
     gmpo_clip (`float`, defaults to `0.4`): GMPO's log-space clip `c`.
@@ -71,6 +75,10 @@ class ObjectiveArgs:
     loss_aggregation: str | None = field(
         default=None,
         metadata={"help": f"Normaliser for trl_groupx objectives, one of {AGGREGATIONS}; None = paper default."},
+    )
+    kl_estimator: str = field(
+        default="k3",
+        metadata={"help": "KL penalty estimator: k3 (TRL's), k1, k2 or abs; applies when beta > 0."},
     )
     # gmpo
     gmpo_clip: float = field(default=0.4, metadata={"help": "GMPO: log-space clip c of each token log-ratio."})

@@ -113,3 +113,8 @@ def sapo_surrogate(
     return -torch.sigmoid(tau * (ratio - 1)) * 4 / tau * ctx.advantages
 
 
+# TRL's loss types → the registered reference of their surrogate. The trainer uses it when a trl_groupx setting that
+# lives inside the loss (e.g. `kl_estimator`) is combined with a TRL loss type; `vespo` and `luspo` have none.
+TRL_REFERENCE_SURROGATE: dict[str, str] = {
+    "grpo": "dapo", "bnpo": "dapo", "dr_grpo": "dr_grpo", "dapo": "dapo", "cispo": "cispo", "sapo": "sapo",
+}
