@@ -13,6 +13,7 @@ from .gtpo_conflict import gtpo_conflict_token_advantages
 from .hapo import hapo_token_advantages
 from .lopti import lopti_token_advantages
 from .mu_grpo import mu_grpo_token_advantages
+from .nat import nat_token_advantages
 from .stapo import stapo_token_advantages
 from .frpo import frpo_token_advantages
 from .wapo import wapo_token_advantages
@@ -30,4 +31,5 @@ __all__ = [
     "gtpo_conflict_token_advantages",
     "d3s_token_advantages",
     "temporal_credit_token_advantages",
+    "nat_token_advantages",
 ]

@@ -86,6 +86,13 @@ class TokenWeightArgs:
     temporal_credit_schedule (`str`, defaults to `"linear"`): `"linear"`, `"sigmoid"` or `"gamma"` (official
         `schedule_mode`).
     temporal_credit_gamma (`float`, defaults to `2.0`): exponent of the `"gamma"` schedule (official `gamma_ratio`).
+
+    > nat
+    nat_scheme (`str`, defaults to `"urs"`): NAT token selection: `"urs"` (each token kept with probability
+        `nat_keep_prob`) or `"rpc"` (a random prefix of each completion); kept tokens are weighted by 1/π.
+    nat_keep_prob (`float`, defaults to `0.5`): URS inclusion probability q (paper: as few as 50 % of tokens).
+    nat_rpc_min_fraction (`float`, defaults to `0.0`): RPC: the kept prefix length is uniform on
+        `{max(1, ⌈c·L⌉), …, L}` (our parametrisation; 0 keeps about half the tokens, 1 keeps all).
     """
 
     token_weighting: str | None = field(
@@ -162,3 +169,9 @@ class TokenWeightArgs:
         default="linear", metadata={"help": "Temporal credit: 'linear', 'sigmoid' or 'gamma'."}
     )
     temporal_credit_gamma: float = field(default=2.0, metadata={"help": "Temporal credit: 'gamma' exponent."})
+    # nat
+    nat_scheme: str = field(default="urs", metadata={"help": "NAT: token selection 'urs' or 'rpc'."})
+    nat_keep_prob: float = field(default=0.5, metadata={"help": "NAT URS: inclusion probability q."})
+    nat_rpc_min_fraction: float = field(
+        default=0.0, metadata={"help": "NAT RPC: smallest kept prefix fraction c (prefix length uniform on [cL, L])."}
+    )
