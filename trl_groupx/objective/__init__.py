@@ -13,6 +13,7 @@ from .entropy_cov import clip_cov_surrogate, kl_cov_surrogate
 from .gmpo import gmpo_surrogate
 from .holderpo import holderpo_p, holderpo_surrogate
 from .kl import KL_ESTIMATORS, per_token_kl
+from .offpolicy_grpo import offpolicy_grpo_surrogate
 from .reinforce import reinforce_surrogate
 from .surrogates import TRL_REFERENCE_SURROGATE, cispo_surrogate, clipped_surrogate, log_ratio, sapo_surrogate
 
@@ -35,6 +36,7 @@ __all__ = [
     "holderpo_surrogate",
     "kl_cov_surrogate",
     "log_ratio",
+    "offpolicy_grpo_surrogate",
     "per_token_kl",
     "reinforce_surrogate",
     "resolved_aggregation",

@@ -70,6 +70,10 @@ class ObjectiveArgs:
         (`r^w s^(1-w)`) mix; the paper's form was not available to us, hence a flag.
     dhpo_seq_epsilon (`float`, defaults to `3e-4`): DHPO: lower trust-region width of the sequence branch (GSPO's).
     dhpo_seq_epsilon_high (`float`, defaults to `4e-4`): DHPO: upper trust-region width of the sequence branch.
+
+    > offpolicy_grpo
+    offpolicy_grpo_lag (`int`, defaults to `10`): Off-policy GRPO: optimizer steps between two syncs of the rollout
+        policy, `v` (paper: 10); requires `steps_per_generation = v × gradient_accumulation_steps`. 1 = on-policy.
     """
 
     loss_aggregation: str | None = field(
@@ -115,3 +119,5 @@ class ObjectiveArgs:
     dhpo_mix_mean: str = field(default="arithmetic", metadata={"help": "DHPO: 'arithmetic' or 'geometric' ratio mix."})
     dhpo_seq_epsilon: float = field(default=3e-4, metadata={"help": "DHPO: sequence-branch lower clip width."})
     dhpo_seq_epsilon_high: float = field(default=4e-4, metadata={"help": "DHPO: sequence-branch upper clip width."})
+    # offpolicy_grpo
+    offpolicy_grpo_lag: int = field(default=10, metadata={"help": "Off-policy GRPO: optimizer steps per sync."})
