@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import trl
 
 from .advantages.config import AdvantageArgs
-from .objective import AGGREGATIONS, KL_ESTIMATORS, TRL_LOSS_AGGREGATION, TRL_REFERENCE_SURROGATE
+from .objective import AGGREGATIONS, KL_ESTIMATORS, TRL_LOSS_AGGREGATION, TRL_REFERENCE_SURROGATE, resolved_aggregation
 from .objective.config import ObjectiveArgs
 from .registry import SELECTORS, dispatchable_ids, get_variant, list_variants
 from .sampling.config import SamplingArgs
@@ -93,6 +93,13 @@ def validate_config(config: GRPOConfig) -> None:
             raise ValueError(f"delta (two-sided clipping) does not apply to loss_type={config.loss_type!r}; unset it.")
 
     _check_kl_estimator(config, custom_objective)
+    if config.balanced_agg_scope not in ("group", "batch"):
+        raise ValueError(f"balanced_agg_scope={config.balanced_agg_scope!r} is unknown; use 'group' or 'batch'.")
+    if config.balanced_agg_scope != "group" and (not custom_objective or resolved_aggregation(config) != "balanced"):
+        raise ValueError(
+            f"balanced_agg_scope={config.balanced_agg_scope!r} only applies with loss_aggregation='balanced' "
+            "(loss_type='balanced_agg' or another trl_groupx objective); drop it or switch balanced aggregation on."
+        )
 
     if config.advantage_estimator != "grpo":
         if config.multi_objective_aggregation != "sum_then_normalize":

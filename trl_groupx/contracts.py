@@ -93,6 +93,8 @@ class ObjectiveContext:
         advantages (`torch.Tensor`): `(B, T)` or `(B, 1)` advantages.
         mask (`torch.Tensor`): `(B, T)` loss mask (completion mask times tool mask).
         entropies (`torch.Tensor` or `None`): `(B, T)` current-policy entropies (detached).
+        group_ids (`torch.Tensor` or `None`): `(B,)` long, the prompt group of each row (rows arrive shuffled);
+            filled for objectives that declare `requires=("group_structure",)`.
     """
 
     logps: torch.Tensor
@@ -100,6 +102,7 @@ class ObjectiveContext:
     advantages: torch.Tensor
     mask: torch.Tensor
     entropies: torch.Tensor | None = None
+    group_ids: torch.Tensor | None = None
 
 
 # Keyword-only arguments the trainer supplies itself (see `requires` in registry.py), not read from the config.

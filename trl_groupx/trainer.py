@@ -27,6 +27,7 @@ from .advantages import decoupled_normalized_advantages, group_normalized_advant
 from .config import GRPOConfig
 from .contracts import ObjectiveContext, RolloutBatch, TokenContext, config_kwargs
 from .objective import TRL_REFERENCE_SURROGATE, aggregate, log_ratio, resolved_aggregation
+from .objective.aggregation import balanced_sequence_scale
 from .objective.kl import per_token_kl as per_token_kl_fn
 from .registry import Variant, get_variant
 from .sampling import apply_keep_mask
@@ -64,6 +65,12 @@ class GRPOTrainer(trl.GRPOTrainer):
         self._reference_objective: Variant | None = None
         if self._kl_estimator != "k3" and "objective" not in self.variants:
             self._reference_objective = get_variant(TRL_REFERENCE_SURROGATE[self.args.loss_type])
+        # Rollout-level inputs of the objective, computed on the global batch where the rows still sit in groups.
+        objective = self.variants.get("objective")
+        self._objective_group_ids = bool(objective and "group_structure" in objective.requires)
+        self._balanced_scope: str | None = None
+        if objective is not None and resolved_aggregation(self.args) == "balanced":
+            self._balanced_scope = self.args.balanced_agg_scope
         self._rewards_per_func: torch.Tensor | None = None
         # Per stateful variant: the dict its function updates in place; saved with every checkpoint.
         self.variant_state: dict[str, dict[str, Any]] = {v.id: {} for v in self.variants.values() if v.stateful}
@@ -81,7 +88,31 @@ class GRPOTrainer(trl.GRPOTrainer):
         output = super()._generate_and_score_completions(inputs)
         if self._rewrites_rollouts:
             output = self.apply_rollout_stages(output)
+        if self._objective_group_ids or self._balanced_scope:
+            self._add_objective_rollout_inputs(output)
         return output
+
+    def _add_objective_rollout_inputs(self, output: dict[str, Any]) -> None:
+        """Per-rollout tensors the objective needs but cannot compute from a shuffled micro-batch: the group id of
+        each row (`group_structure`) and Balanced Aggregation's scale `c_i`. TRL shuffles and splits them with
+        the rows they belong to."""
+        group_size = self.num_generations if self.model.training else self.num_generations_eval
+        local_n = output["completion_ids"].size(0)
+        start = self.accelerator.process_index * local_n
+        if self._objective_group_ids:
+            rows = torch.arange(start, start + local_n, device=output["completion_ids"].device)
+            output["groupx_group_ids"] = rows // group_size
+        if self._balanced_scope:
+            mask = output["completion_mask"]
+            mask = mask if "tool_mask" not in output else mask * output["tool_mask"]
+            advantages = output["advantages"]
+            if advantages.dim() == 2:  # per-token advantages: the sign of the sequence's mean decides its class
+                advantages = (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+            scale = balanced_sequence_scale(
+                self.accelerator.gather(advantages.float()), self.accelerator.gather(mask.sum(-1)), group_size,
+                self._balanced_scope,
+            )
+            output["groupx_sequence_scale"] = scale[start : start + local_n]
 
     def apply_rollout_stages(self, output: dict[str, Any]) -> dict[str, Any]:
         """Run the sampling, advantage and token-weight stages on one generation batch; returns `output` updated.
@@ -245,7 +276,7 @@ class GRPOTrainer(trl.GRPOTrainer):
         advantages = inputs["advantages"]
         advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
 
-        ctx = ObjectiveContext(logps, old_logps, advantages, mask, entropies.detach())
+        ctx = ObjectiveContext(logps, old_logps, advantages, mask, entropies.detach(), inputs.get("groupx_group_ids"))
         per_token_loss = self._call(objective, ctx)
         if self.off_policy_mask_threshold is not None:
             per_token_loss = per_token_loss * self.get_off_policy_mask(
@@ -273,7 +304,8 @@ class GRPOTrainer(trl.GRPOTrainer):
                 tokens = tokens * accumulation / self.args.steps_per_generation
             loss = aggregate(per_token_loss, mask, aggregation, global_num_tokens=tokens)
         else:
-            loss = aggregate(per_token_loss, mask, aggregation, max_completion_length=self.max_completion_length)
+            loss = aggregate(per_token_loss, mask, aggregation, max_completion_length=self.max_completion_length,
+                             sequence_scale=inputs.get("groupx_sequence_scale"))
             loss = loss / accumulation
         if self.aux_loss_enabled:
             loss = loss + self.router_aux_loss_coef * aux_loss / accumulation

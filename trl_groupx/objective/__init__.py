@@ -4,7 +4,8 @@ Contract (see `trl_groupx.contracts`): `fn(ctx: ObjectiveContext, *, <config fie
 Aggregation is `aggregate(per_token_loss, mask, mode, ...)`, chosen by `loss_aggregation`.
 """
 
-from .aggregation import AGGREGATIONS, TRL_LOSS_AGGREGATION, aggregate, resolved_aggregation
+from .aggregation import AGGREGATIONS, TRL_LOSS_AGGREGATION, aggregate, balanced_sequence_scale, resolved_aggregation
+from .balanced_agg import balanced_agg_surrogate
 from .ctpo import ctpo_surrogate
 from .dhpo import dhpo_surrogate
 from .dppo import dppo_kl_surrogate, dppo_tv_surrogate
@@ -23,6 +24,8 @@ __all__ = [
     "TRL_REFERENCE_SURROGATE",
     "TRL_LOSS_AGGREGATION",
     "aggregate",
+    "balanced_agg_surrogate",
+    "balanced_sequence_scale",
     "cispo_surrogate",
     "clip_cov_surrogate",
     "clipped_surrogate",

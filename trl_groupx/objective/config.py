@@ -13,6 +13,9 @@ class ObjectiveArgs:
     loss_aggregation (`str` or `None`, *optional*, defaults to `None`):
         Normaliser for a trl_groupx objective: `"sequence_mean"`, `"token_mean"`, `"global_token_mean"`,
         `"constant"` or `"sequence_sum"`. `None` uses the objective's paper default. TRL's loss types fix their own.
+    balanced_agg_scope (`str`, defaults to `"group"`):
+        Sign classes of `loss_aggregation="balanced"` (Balanced Aggregation): formed `"group"` by group (the paper)
+        or over the whole `"batch"`.
     kl_estimator (`str`, defaults to `"k3"`):
         Per-token estimator of the KL penalty `beta * KL(pi || pi_ref)`: `"k3"` (TRL's), `"k1"`, `"k2"` or `"abs"`
         (see `trl_groupx.objective.kl`). Needs `beta > 0`. With a TRL loss type other than `"k3"`, the loss is
@@ -79,6 +82,9 @@ class ObjectiveArgs:
     loss_aggregation: str | None = field(
         default=None,
         metadata={"help": f"Normaliser for trl_groupx objectives, one of {AGGREGATIONS}; None = paper default."},
+    )
+    balanced_agg_scope: str = field(
+        default="group", metadata={"help": "Balanced aggregation: sign classes per 'group' or over the 'batch'."}
     )
     kl_estimator: str = field(
         default="k3",
