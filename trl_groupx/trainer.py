@@ -8,7 +8,9 @@ Seams (each wraps the narrowest TRL 1.16 internal; `tests/test_trl_seams.py` fai
   per-token advantages, and writes this process's slice back into the output.
 - objective: `_compute_loss` defers to TRL for TRL's `loss_type`s and to `compute_objective_loss` for ours.
 
-With no trl_groupx flag set, none of this runs and training is TRL's, number for number.
+With no trl_groupx flag set, none of this runs and training is TRL's, number for number; only the reward functions
+are checked (a missing dataset column at construction; an exception, a non-numeric or an infinite reward at the call,
+each named; see `reward_checks.py`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from .objective import TRL_REFERENCE_SURROGATE, aggregate, log_ratio, resolved_a
 from .objective.aggregation import balanced_sequence_scale
 from .objective.kl import per_token_kl as per_token_kl_fn
 from .registry import Variant, get_variant
+from .reward_checks import check_reward_columns, wrap_reward_funcs
 from .sampling import apply_keep_mask
 
 VARIANT_STATE_NAME = "trl_groupx_variant_state.pt"
@@ -49,6 +52,8 @@ class GRPOTrainer(trl.GRPOTrainer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        check_reward_columns(self.reward_funcs, self.reward_func_names, getattr(self.train_dataset, "column_names", None))
+        self.reward_funcs = wrap_reward_funcs(self.reward_funcs, self.reward_func_names)
         active = self.args.active_variants() if isinstance(self.args, GRPOConfig) else {}
         self.variants: dict[str, Variant] = {stage: get_variant(vid) for stage, vid in active.items()}
         self._rewrites_rollouts = bool({"sampling", "advantages", "token_weights"} & self.variants.keys())
