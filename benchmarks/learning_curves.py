@@ -7,6 +7,12 @@ the same number of steps and the same number of rollouts per step (per_device_tr
 group size of 2 means 32 prompts per step); only the group size and the variant's flags change. After training,
 sampled pass@1 (T=1, mean over 8 samples) and pass@8 are measured on 64 held-out problems (arithmetic_dataset(seed=99)).
 Writes learning_curves.md, learning_curves.json and reward-vs-step PNGs (mean, min/max band over seeds) to --output-dir.
+
+    python benchmarks/learning_curves.py --task mixed --steps 150 --seeds 3
+
+`--task mixed` trains the difficulty-weighting family on an easy/hard mix (half in-distribution problems with operands
+≤ 20, half with operands ≤ 40, which the base model solves 5% of the time) and reports pass@1 on each half separately;
+it writes learning_curves_mixed.{md,json,png}.
 """
 
 from __future__ import annotations
@@ -53,9 +59,43 @@ def default_configs() -> dict[str, dict]:
     return configs
 
 
-def evaluate(model, tokenizer, n_problems: int = 64, k: int = 8, seed: int = 0) -> tuple[float, float]:
+# Easy/hard mix for the difficulty-weighting variants (papers claim gains from weighting hard prompts up).
+EASY_MAX_OPERAND, HARD_MAX_OPERAND = 20, 40
+
+
+def mixed_configs() -> dict[str, dict]:
+    configs = {"plain TRL (dapo)": {}}
+    for vid in ("focal_tailmiss", "mathforge_dgpo", "gd2po"):
+        configs[vid] = _registry(vid)
+    return configs
+
+
+def train_dataset(task: str):
+    if task == "arithmetic":
+        return arithmetic_dataset(n=2048, seed=1)
+    from datasets import concatenate_datasets
+
+    easy = arithmetic_dataset(n=1024, seed=1, max_operand=EASY_MAX_OPERAND)
+    hard = arithmetic_dataset(n=1024, seed=2, max_operand=HARD_MAX_OPERAND)
+    return concatenate_datasets([easy, hard]).shuffle(seed=0)
+
+
+def task_metrics(model, tokenizer, task: str, seed: int) -> dict[str, float]:
+    """Held-out metrics: pass@1 and pass@8 (arithmetic), or pass@1 on the easy and the hard half and pass@8 on the
+    hard half (mixed)."""
+    if task == "arithmetic":
+        pass1, passk = evaluate(model, tokenizer, seed=seed)
+        return {"pass@1": pass1, "pass@8": passk}
+    easy1, _ = evaluate(model, tokenizer, seed=seed, max_operand=EASY_MAX_OPERAND)
+    hard1, hard8 = evaluate(model, tokenizer, seed=seed, max_operand=HARD_MAX_OPERAND)
+    return {"pass@1 easy": easy1, "pass@1 hard": hard1, "pass@8 hard": hard8}
+
+
+def evaluate(
+    model, tokenizer, n_problems: int = 64, k: int = 8, seed: int = 0, max_operand: int = EASY_MAX_OPERAND
+) -> tuple[float, float]:
     """Sampled pass@1 (T=1; mean correctness over k samples) and pass@k on arithmetic_dataset(seed=99)."""
-    data = arithmetic_dataset(n=n_problems, seed=99)
+    data = arithmetic_dataset(n=n_problems, seed=99, max_operand=max_operand)
     texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in data["prompt"]]
     tokenizer.padding_side = "left"
     enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
@@ -70,21 +110,20 @@ def evaluate(model, tokenizer, n_problems: int = 64, k: int = 8, seed: int = 0) 
     return correct.mean().item(), (correct.max(dim=1).values.mean().item())
 
 
-def run_one(flags: dict, steps: int, seed: int, workdir: Path) -> dict:
+def run_one(flags: dict, steps: int, seed: int, workdir: Path, task: str = "arithmetic") -> dict:
     from trl_groupx import GRPOConfig, GRPOTrainer
 
     torch.set_num_threads(1)
     args = GRPOConfig(output_dir=str(workdir), max_steps=steps, **{**DEMO_DEFAULTS, **flags, "seed": seed})
     tokenizer = load_tiny_tokenizer()
     trainer = GRPOTrainer(model=tiny_model_path(), reward_funcs=arithmetic_reward, processing_class=tokenizer,
-                          train_dataset=arithmetic_dataset(n=2048, seed=1), args=args)
+                          train_dataset=train_dataset(task), args=args)
     trainer.remove_callback(PrinterCallback)
     start = time.time()
     trainer.train()
     wall = time.time() - start
     rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
-    pass1, passk = evaluate(trainer.model, tokenizer, seed=seed)
-    return {"seed": seed, "rewards": rewards, "wall_s": wall, "pass@1": pass1, "pass@8": passk}
+    return {"seed": seed, "rewards": rewards, "wall_s": wall, **task_metrics(trainer.model, tokenizer, task, seed)}
 
 
 def _ms(values: list[float]) -> str:
@@ -104,23 +143,35 @@ def environment() -> dict:
             "transformers": transformers.__version__, "cpu": f"{cpu} ({os.cpu_count()} cores, 1 thread used)"}
 
 
-def write_report(results: dict, env: dict, steps: int, out: Path) -> None:
+def write_report(results: dict, env: dict, steps: int, out: Path, task: str = "arithmetic") -> None:
     last = max(1, min(10, steps // 5))
-    lines = [f"# Learning curves: {steps} steps, {ROLLOUTS_PER_STEP} rollouts per step, tiny arithmetic model\n",
+    stem = "learning_curves" if task == "arithmetic" else f"learning_curves_{task}"
+    metrics = [k for k in next(iter(results.values()))["runs"][0] if k.startswith("pass@")] if results else []
+    held_out = ("64 held-out problems (arithmetic_dataset(seed=99))" if task == "arithmetic" else
+                f"64 held-out problems per half (arithmetic_dataset(seed=99, max_operand={EASY_MAX_OPERAND} | "
+                f"{HARD_MAX_OPERAND}))")
+    lines = [f"# Learning curves ({task}): {steps} steps, {ROLLOUTS_PER_STEP} rollouts per step, tiny arithmetic model\n",
              f"Final reward = mean reward of the last {last} steps of each seed, then mean ± std over seeds. pass@1 is "
-             "sampled at T=1 (mean over 8 samples), pass@8 = any of 8 samples correct, on 64 held-out problems "
-             "(arithmetic_dataset(seed=99)); both mean ± std over seeds. Wall time = training only, mean per seed.\n",
-             "| config | flags | seeds | final reward | pass@1 | pass@8 | wall s/run |", "|---|---|---|---|---|---|---|"]
+             f"sampled at T=1 (mean over 8 samples), pass@8 = any of 8 samples correct, on {held_out}; all mean ± std "
+             "over seeds. Wall time = training only, mean per seed.\n",
+             "| config | flags | seeds | final reward | " + " | ".join(metrics) + " | wall s/run |",
+             "|---|---|---|---|" + "---|" * len(metrics) + "---|"]
     for name, r in results.items():
         finals = [statistics.mean(run["rewards"][-last:]) for run in r["runs"]]
         flags = ", ".join(f"{k}={v}" for k, v in r["flags"].items()) or "(none)"
-        lines.append(f"| {name} | {flags} | {len(r['runs'])} | {_ms(finals)} | {_ms([x['pass@1'] for x in r['runs']])} "
-                     f"| {_ms([x['pass@8'] for x in r['runs']])} | {statistics.mean(x['wall_s'] for x in r['runs']):.0f} |")
-    lines += ["", "Machine: " + ", ".join(f"{k} {v}" for k, v in env.items()), "",
-              "![reward vs step, group size 8](learning_curves.png)", "",
-              "![reward vs step, small groups](learning_curves_small_groups.png)", ""]
-    (out / "learning_curves.md").write_text("\n".join(lines))
-    (out / "learning_curves.json").write_text(json.dumps({"steps": steps, "environment": env, "results": results}, indent=1))
+        cells = " | ".join(_ms([x[m] for x in r["runs"]]) for m in metrics)
+        lines.append(f"| {name} | {flags} | {len(r['runs'])} | {_ms(finals)} | {cells} "
+                     f"| {statistics.mean(x['wall_s'] for x in r['runs']):.0f} |")
+    lines += ["", "Machine: " + ", ".join(f"{k} {v}" for k, v in env.items()), ""]
+    if task == "arithmetic":
+        lines += ["![reward vs step, group size 8](learning_curves.png)", "",
+                  "![reward vs step, small groups](learning_curves_small_groups.png)", ""]
+    else:
+        lines += [f"![reward vs step]({stem}.png)", ""]
+    (out / f"{stem}.md").write_text("\n".join(lines))
+    (out / f"{stem}.json").write_text(
+        json.dumps({"task": task, "steps": steps, "environment": env, "results": results}, indent=1)
+    )
 
 
 def plot(results: dict, names: list[str], path: Path, title: str) -> None:
@@ -146,10 +197,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--configs", nargs="*", help="names from the default list (all when omitted)")
+    parser.add_argument("--task", choices=["arithmetic", "mixed"], default="arithmetic",
+                        help="arithmetic: the default list; mixed: difficulty weighting on an easy/hard mix")
+    parser.add_argument("--configs", nargs="*", help="names from the task's list (all when omitted)")
     parser.add_argument("--output-dir", default=str(Path(__file__).resolve().parent / "results"))
     ns = parser.parse_args(argv)
-    configs = default_configs()
+    configs = default_configs() if ns.task == "arithmetic" else mixed_configs()
     names = ns.configs or list(configs)
     out = Path(ns.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -158,11 +211,15 @@ def main(argv: list[str] | None = None) -> dict:
         results[name] = {"flags": configs[name], "runs": []}
         for seed in range(ns.seeds):
             with tempfile.TemporaryDirectory() as tmp:
-                run = run_one(configs[name], ns.steps, seed, Path(tmp))
+                run = run_one(configs[name], ns.steps, seed, Path(tmp), ns.task)
             results[name]["runs"].append(run)
-            print(f"{name:<22} seed {seed}  last reward {run['rewards'][-1]:.3f}  pass@1 {run['pass@1']:.3f}  "
-                  f"pass@8 {run['pass@8']:.3f}  {run['wall_s']:.0f}s", flush=True)
-        write_report(results, env, ns.steps, out)  # partial results survive an interrupted run
+            shown = "  ".join(f"{k} {v:.3f}" for k, v in run.items() if k.startswith("pass@"))
+            print(f"{name:<22} seed {seed}  last reward {run['rewards'][-1]:.3f}  {shown}  {run['wall_s']:.0f}s",
+                  flush=True)
+        write_report(results, env, ns.steps, out, ns.task)  # partial results survive an interrupted run
+    if ns.task != "arithmetic":
+        plot(results, names, out / f"learning_curves_{ns.task}.png", "easy/hard mix (operands <= 20 | <= 40)")
+        return results
     small = [n for n in names if ", G=" in n]
     plot(results, [n for n in names if n not in small], out / "learning_curves.png", "group size 8 (gfpo: 16 → keep 8)")
     plot(results, small or names[:1], out / "learning_curves_small_groups.png", "small groups, 64 rollouts per step")

@@ -37,3 +37,22 @@ def test_learning_curves_writes_results(tmp_path):
     for name in ("learning_curves.md", "learning_curves.json", "learning_curves.png", "learning_curves_small_groups.png"):
         assert (tmp_path / name).stat().st_size > 0
     assert "| sign_adv |" in (tmp_path / "learning_curves.md").read_text()
+
+
+def test_learning_curves_mixed_task_reports_easy_and_hard(tmp_path):
+    results = _load("learning_curves").main(
+        ["--task", "mixed", "--steps", "2", "--seeds", "1", "--configs", "focal_tailmiss", "--output-dir", str(tmp_path)]
+    )
+    run = results["focal_tailmiss"]["runs"][0]
+    assert {"pass@1 easy", "pass@1 hard", "pass@8 hard"} <= run.keys()
+    report = (tmp_path / "learning_curves_mixed.md").read_text()
+    assert "| focal_tailmiss |" in report and "pass@1 hard" in report
+    assert (tmp_path / "learning_curves_mixed.png").stat().st_size > 0
+
+
+def test_overhead_cases_cover_the_registry(tmp_path):
+    overhead = _load("overhead")
+    assert set(overhead.registry_cases()) == {"no flag"} | {v.id for v in trl_groupx.list_variants()}
+    results = overhead.main(["--steps", "1", "--cases", "sign_adv", "--output-dir", str(tmp_path)])
+    assert results["sign_adv"]["median_ratio"] > 0
+    assert "| sign_adv |" in (tmp_path / "overhead.md").read_text()

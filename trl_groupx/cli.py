@@ -1,4 +1,5 @@
-"""`trl-groupx` command line: `list` the variants, run the `demo`, train from a recipe with `grpo`."""
+"""`trl-groupx` command line: `list` the variants, run the `demo`, train from a recipe with `grpo`, `bench` against
+plain TRL."""
 
 from __future__ import annotations
 
@@ -22,6 +23,28 @@ def format_variants(stage: str | None = None) -> str:
     return "\n".join(blocks)
 
 
+BENCHMARKS = {"overhead": "overhead", "throughput": "advantage_throughput", "curves": "learning_curves"}
+
+
+def run_benchmark(argv: list[str]) -> None:
+    """`trl-groupx bench NAME [args]`: run `benchmarks/<script>.py` of the source checkout with `args`."""
+    import importlib.util
+    from pathlib import Path
+
+    if not argv or argv[0] not in BENCHMARKS:
+        raise SystemExit(f"usage: trl-groupx bench {{{','.join(BENCHMARKS)}}} [args] (see benchmarks/README.md)")
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{BENCHMARKS[argv[0]]}.py"
+    if not path.exists():
+        raise SystemExit(
+            f"{path} not found: the benchmarks ship with the source repository (they reuse its test helpers); "
+            "clone it and install with `pip install -e .` to run them."
+        )
+    spec = importlib.util.spec_from_file_location(f"trl_groupx_bench_{argv[0]}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(argv[1:])
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="trl-groupx", description="GRPO variants as config flags on TRL.")
@@ -31,6 +54,11 @@ def main(argv: list[str] | None = None) -> None:
     sub.add_parser("demo", help="train the shipped tiny model with a variant (CPU, offline)", add_help=False)
     sub.add_parser("grpo", help="train from a recipe: grpo --config recipes/gmpo.yaml [--field value ...]",
                    add_help=False)
+    sub.add_parser("bench", help="benchmarks against plain TRL: bench overhead|throughput|curves [args]",
+                   add_help=False)
+    if argv and argv[0] == "bench":
+        run_benchmark(argv[1:])
+        return
     if argv and argv[0] in ("demo", "grpo"):  # these parse their own arguments
         if argv[0] == "demo":
             from .demo import main as sub_main

@@ -41,3 +41,10 @@ def test_demo_flag_parsing():
     assert parse_flags(["loss_type=gmpo", "gmpo_clip=0.3", "beta=0"]) == {"loss_type": "gmpo", "gmpo_clip": 0.3, "beta": 0}
     with pytest.raises(SystemExit, match="KEY=VALUE"):
         parse_flags(["loss_type"])
+
+
+def test_bench_runs_a_benchmark_and_rejects_unknown_names(capsys):
+    main(["bench", "throughput", "--rollouts", "64", "--group-sizes", "4", "--repeats", "1"])
+    assert "per-group Python loop" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="usage: trl-groupx bench"):
+        main(["bench", "nope"])
