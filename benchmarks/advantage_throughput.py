@@ -3,7 +3,8 @@ straightforward per-group Python loop computing GRPO's advantage (the way severa
 
     python benchmarks/advantage_throughput.py --rollouts 65536 --group-sizes 8 16
 
-Prints rollouts per second for each estimator and the loop; CPU, no model involved.
+Prints rollouts per second for each estimator and the loop; CPU, no model involved. The multi-turn step-credit
+estimators get a synthetic 3-turn step record per rollout (their rate counts rollouts, not steps).
 """
 
 from __future__ import annotations
@@ -28,6 +29,21 @@ def grpo_per_group_loop(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return out
 
 
+STEPS_PER_EPISODE = 3
+
+
+def synthetic_steps(n: int, group_size: int):
+    """Multi-turn view for the step-credit estimators: 3 turns per episode, the first turn of a group at one shared
+    anchor state, later states drawn from 4 per group, step rewards 0 (the outcome is the episode reward)."""
+    from trl_groupx.advantages.step_credit import StepBatch
+
+    episode = torch.arange(n).repeat_interleave(STEPS_PER_EPISODE)
+    index = torch.arange(STEPS_PER_EPISODE).repeat(n)
+    group = episode // group_size
+    state = torch.where(index == 0, group * 8, group * 8 + 1 + torch.randint(0, 4, (n * STEPS_PER_EPISODE,)))
+    return StepBatch(episode, index, state, torch.zeros(n * STEPS_PER_EPISODE))
+
+
 def estimator_calls(num_rewards: int = 2):
     """(name, callable(rewards (N,), rewards_per_func (N, K), lengths (N,), G)) for every advantage variant."""
     config = GRPOConfig(output_dir="/tmp/unused", use_cpu=True, bf16=False)
@@ -46,10 +62,15 @@ def estimator_calls(num_rewards: int = 2):
                 extra["completion_lengths"] = lengths
             if "global_step" in variant.requires:
                 extra.update(global_step=0, total_steps=1)
+            if "step_structure" in variant.requires:
+                extra["steps"] = _STEPS[(r.numel(), g)]
             return fn(rk if per_func else r, g, **kwargs, **extra)
 
         yield variant.id, call
     del config
+
+
+_STEPS: dict = {}  # (N, G) -> synthetic StepBatch, built once outside the timed calls
 
 
 def rollouts_per_second(fn, *args, repeats: int = 5) -> float:
@@ -73,6 +94,7 @@ def main(argv: list[str] | None = None) -> None:
         rewards = torch.randint(0, 2, (n,)).float()
         per_func = torch.rand(n, 2)
         lengths = torch.randint(1, 512, (n,)).float()
+        _STEPS[(n, g)] = synthetic_steps(n, g)
         loop = rollouts_per_second(grpo_per_group_loop, rewards, g, repeats=max(1, ns.repeats // 2))
         print(f"\nG={g}, N={n}: per-group Python loop (GRPO) {loop:,.0f} rollouts/s")
         print(f"{'estimator':<24} {'rollouts/s':>14} {'× loop':>8}")

@@ -46,7 +46,8 @@ def base_config_kwargs(tmp_path, **overrides) -> dict:
     return kwargs
 
 
-def build_trainer(trainer_cls, config_cls, tmp_path, *, peft=False, reward_funcs=None, dataset=None, **overrides):
+def build_trainer(trainer_cls, config_cls, tmp_path, *, peft=False, reward_funcs=None, dataset=None, rollout_func=None,
+                  **overrides):
     from peft import LoraConfig
 
     args = config_cls(**base_config_kwargs(tmp_path, **overrides))
@@ -57,6 +58,7 @@ def build_trainer(trainer_cls, config_cls, tmp_path, *, peft=False, reward_funcs
         processing_class=load_tiny_tokenizer(),
         args=args,
         peft_config=LoraConfig(r=8, lora_alpha=16, target_modules="all-linear") if peft else None,
+        **({"rollout_func": rollout_func} if rollout_func is not None else {}),
     )
 
 

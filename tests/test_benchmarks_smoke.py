@@ -50,6 +50,16 @@ def test_learning_curves_mixed_task_reports_easy_and_hard(tmp_path):
     assert (tmp_path / "learning_curves_mixed.png").stat().st_size > 0
 
 
+def test_chunked_logps_benchmark_writes_a_ratio_table(tmp_path):
+    out = tmp_path / "chunked_logps.md"
+    rows = _load("chunked_logps").main(
+        ["--vocab", "2000", "--prompt-len", "8", "--completion-len", "8", "--batch", "4", "--chunks", "4",
+         "--in-process", "--output", str(out)]
+    )
+    assert [r["case"] for r in rows] == ["trl", "chunk=4", "full logits"]
+    assert "| chunk=4 |" in out.read_text()
+
+
 def test_overhead_cases_cover_the_registry(tmp_path):
     overhead = _load("overhead")
     assert set(overhead.registry_cases()) == {"no flag"} | {v.id for v in trl_groupx.list_variants()}

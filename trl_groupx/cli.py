@@ -1,5 +1,5 @@
-"""`trl-groupx` command line: `list` the variants, run the `demo`, train from a recipe with `grpo`, `bench` against
-plain TRL."""
+"""`trl-groupx` command line: `list` the variants, run the `demo`, train from a recipe with `grpo`, `plan` memory,
+share recipes, `plot` a run, `bench` against plain TRL."""
 
 from __future__ import annotations
 
@@ -54,6 +54,21 @@ def main(argv: list[str] | None = None) -> None:
     sub.add_parser("demo", help="train the shipped tiny model with a variant (CPU, offline)", add_help=False)
     sub.add_parser("grpo", help="train from a recipe: grpo --config recipes/gmpo.yaml [--field value ...]",
                    add_help=False)
+    sub.add_parser("plan", help="peak GPU memory of a GRPO run and how to make it fit", add_help=False)
+    if argv and argv[0] == "plan":  # parses its own arguments
+        from .memory.cli import main as plan_main
+
+        plan_main(argv[1:])
+        return
+    sub.add_parser("recipe", help="recipe push/pull/check: share recipes via the Hub, a folder or git", add_help=False)
+    sub.add_parser("plot", help="PNG curves of a run's trainer_state.json log history", add_help=False)
+    if argv and argv[0] in ("recipe", "plot"):  # parse their own arguments (trl_groupx/hub.py, trl_groupx/plot.py)
+        if argv[0] == "recipe":
+            from .hub import main as sub_main
+        else:
+            from .plot import main as sub_main
+        sub_main(argv[1:])
+        return
     sub.add_parser("bench", help="benchmarks against plain TRL: bench overhead|throughput|curves [args]",
                    add_help=False)
     if argv and argv[0] == "bench":

@@ -24,6 +24,15 @@ Variants may also declare (in `requires`) inputs that the trainer passes as keyw
 `completion_lengths` (N,) for advantage variants, and `global_step`, `total_steps` (optimizer steps done and
 planned) for schedules in any stage.
 
+Multi-turn step credit (`requires=("step_structure",)`, advantage variants)
+    `fn(rewards: (N,), group_size: int, steps: StepBatch, *, <config fields>) -> per-step advantages (S,)`.
+    `steps` (`trl_groupx.advantages.step_credit.StepBatch`) lists the `S` model turns of the global batch: episode
+    (global row), index in the episode, anchor-state key, step reward. The trainer reads them per row from the
+    rollout_func extra fields `step_states` / `step_rewards` (TRL merges those into each row's input dict) or from
+    `environment._step_structure()` (environment_factory), and writes step `j`'s advantage on the tokens of turn `j`
+    (the `j`-th run of `tool_mask == 1`): the output advantages are `(B, T)`, so no token-weight variant can
+    follow.
+
 Stateful variants (running baselines, priors, replay buffers, schedules) take a keyword-only `state: dict` that
 they read and update in place, with tensors and plain numbers only. The trainer passes the same dict on every
 call, keeps it identical on every process (it is updated from the same global batch everywhere) and saves it
@@ -53,11 +62,13 @@ class RolloutBatch:
         rewards (`torch.Tensor`): `(N,)` weighted rewards, NaN where unscored.
         completion_lengths (`torch.Tensor`): `(N,)` number of completion tokens.
         group_size (`int`): `G`.
+        steps (`StepBatch` or `None`): per-step view of multi-turn episodes (see "Multi-turn step credit").
     """
 
     rewards: torch.Tensor
     completion_lengths: torch.Tensor
     group_size: int
+    steps: Any = None  # `StepBatch` of the batch when the advantage variant requires "step_structure", else None
 
 
 @dataclass
@@ -106,7 +117,7 @@ class ObjectiveContext:
 
 
 # Keyword-only arguments the trainer supplies itself (see `requires` in registry.py), not read from the config.
-TRAINER_SUPPLIED = frozenset({"state", "completion_lengths", "global_step", "total_steps"})
+TRAINER_SUPPLIED = frozenset({"state", "completion_lengths", "global_step", "total_steps", "steps"})
 
 
 def config_kwargs(fn: Callable[..., Any], config: Any) -> dict[str, Any]:

@@ -32,9 +32,12 @@ SELECTORS: dict[Stage, str] = {
 
 # Inputs the trainer can compute for a variant when it declares it needs them. `completion_lengths` ((N,), advantage
 # variants) and `global_step` (which brings `total_steps` too; schedules, any stage) arrive as keyword arguments of
-# the variant's function; the others fill the stage's context.
+# the variant's function; the others fill the stage's context. `step_structure` (advantage variants for multi-turn
+# episodes) brings `steps: StepBatch` and makes the function return per-step advantages `(S,)`, which the trainer
+# lays out on the episode's turns as `(N, T)` token advantages.
 KNOWN_REQUIREMENTS = frozenset(
-    {"entropies", "old_logps", "ref_logps", "rewards_per_func", "group_structure", "completion_lengths", "global_step"}
+    {"entropies", "old_logps", "ref_logps", "rewards_per_func", "group_structure", "completion_lengths", "global_step",
+     "step_structure"}
 )
 
 _ID_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")

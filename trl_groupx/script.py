@@ -12,6 +12,7 @@ tried on CPU in seconds: `trl-groupx grpo --config recipes/gmpo.yaml --toy --max
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,13 +25,28 @@ def _reward_funcs() -> dict[str, Callable[..., Any]]:
     from trl.rewards import accuracy_reward, reasoning_accuracy_reward, think_format_reward
 
     from .toy import arithmetic_reward
+    from .toy.counter_rollout import counter_outcome_reward
 
     return {
         "accuracy_reward": accuracy_reward,
+        "counter_game_outcome": counter_outcome_reward,
         "reasoning_accuracy_reward": reasoning_accuracy_reward,
         "think_format_reward": think_format_reward,
         "arithmetic_reward": arithmetic_reward,
+        **_groupx_rewards(),
     }
+
+
+def _groupx_rewards() -> dict[str, Callable[..., Any]]:
+    from .rewards import REWARD_FUNCS  # math-verify, format, DAPO overlong and the application papers' rewards
+
+    return dict(REWARD_FUNCS)
+
+
+def _bind_rewards(rewards: list[Callable[..., Any]], training_args) -> list[Callable[..., Any]]:
+    from .rewards import bind_training_args  # rewards with bind(args) take e.g. max_completion_length from the config
+
+    return bind_training_args(rewards, training_args)
 
 
 def _script_arguments_cls():
@@ -50,8 +66,26 @@ def _script_arguments_cls():
             default=False,
             metadata={"help": "Swap model, dataset and rewards for the shipped tiny arithmetic setup (CPU check)."},
         )
+        rollout: str | None = field(
+            default=None, metadata={"help": "Multi-turn rollout by registered name (see ROLLOUTS), e.g. counter_game."}
+        )
+        plan: bool = field(
+            default=False, metadata={"help": "Print the memory plan (docs/memory.md) and exit without training."}
+        )
+        plan_prompt_length: int | None = field(
+            default=None, metadata={"help": "Prompt length for --plan (default: vllm_max_model_length - "
+                                            "max_completion_length, else 512)."}
+        )
+        plan_gpu_gb: float = field(default=40.0, metadata={"help": "GPU size in GiB for --plan."})
 
     return GRPOScriptArguments
+
+
+def _rollouts() -> dict[str, Callable[[], Any]]:
+    """Named multi-turn rollouts (TRL `rollout_func` factories) a recipe can select with `rollout:`."""
+    from .toy.counter_rollout import make_counter_game_rollout
+
+    return {"counter_game": make_counter_game_rollout}
 
 
 def resolve_reward_funcs(names: list[str], allow_imports: bool) -> list[Callable[..., Any]]:
@@ -98,9 +132,15 @@ def build_trainer(script_args, training_args, model_args):
         train_dataset = load_dataset(script_args.dataset_name, name=script_args.dataset_config)[
             script_args.dataset_train_split
         ]
+    rollout_func = None
+    if script_args.rollout is not None:
+        if script_args.rollout not in _rollouts():
+            raise ValueError(f"rollout: unknown rollout {script_args.rollout!r}; registered: {sorted(_rollouts())}.")
+        rollout_func = _rollouts()[script_args.rollout]()
     rewards = [arithmetic_reward] if script_args.toy else resolve_reward_funcs(
         script_args.reward_funcs, script_args.allow_reward_imports
     )
+    rewards = _bind_rewards(rewards, training_args)
     if model_args.dtype not in (None, "auto") and training_args.model_init_kwargs is None:
         training_args.model_init_kwargs = {"dtype": model_args.dtype}
     return GRPOTrainer(
@@ -111,12 +151,32 @@ def build_trainer(script_args, training_args, model_args):
         processing_class=processing_class,
         peft_config=get_peft_config(model_args),
         quantization_config=get_quantization_config(model_args),
+        rollout_func=rollout_func,
     )
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    at = argv.index("--plan") if "--plan" in argv else -1
+    if at >= 0 and argv[at + 1: at + 2] not in (["false"], ["False"]):
+        argv += ["--use_cpu", "true"]  # the plan reads no device setting: let bf16 recipes parse without a GPU
     script_args, training_args, model_args = make_parser().parse_args_and_config(argv)
+    if script_args.plan:  # answer before anything is loaded
+        from .memory import plan_from_config
+
+        toy = script_args.toy or model_args.model_name_or_path == TOY_MODEL
+        model = None
+        if toy:
+            from .toy import tiny_model_path
+
+            model = tiny_model_path()
+        print(plan_from_config(training_args, model_args, model=model, prompt_length=script_args.plan_prompt_length,
+                               gpu_memory_gib=script_args.plan_gpu_gb).report())
+        return
     trainer = build_trainer(script_args, training_args, model_args)
+    # the model card (trl_groupx/model_card.py) shows the recipe the run was trained from
+    trainer.recipe_path = argv[argv.index("--config") + 1] if "--config" in argv[:-1] else None
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)
+    trainer.save_state()  # trainer_state.json (log history) in output_dir: `trl-groupx plot <output_dir>` reads it
     trainer.accelerator.print(f"Model saved to {training_args.output_dir}.")

@@ -21,16 +21,18 @@ from typing import Any
 
 import torch
 import trl
-from accelerate.utils import is_peft_model
+from accelerate.utils import gather_object, is_peft_model
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl.trainer.utils import use_adapter
 
 from .advantages import decoupled_normalized_advantages, group_normalized_advantages
+from .advantages.step_credit import StepBatch, state_key, step_to_token_advantages, turn_index_from_tool_mask
 from .config import GRPOConfig
 from .contracts import ObjectiveContext, RolloutBatch, TokenContext, config_kwargs
 from .objective import TRL_REFERENCE_SURROGATE, aggregate, log_ratio, resolved_aggregation
 from .objective.aggregation import balanced_sequence_scale
 from .objective.kl import per_token_kl as per_token_kl_fn
+from .model_card import ModelCardMixin
 from .registry import Variant, get_variant
 from .reward_checks import check_reward_columns, wrap_reward_funcs
 from .sampling import apply_keep_mask
@@ -44,7 +46,7 @@ _FORWARD_KEYS = (
 )
 
 
-class GRPOTrainer(trl.GRPOTrainer):
+class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
     """Drop-in replacement for `trl.GRPOTrainer` that runs the variants selected in `trl_groupx.GRPOConfig`.
 
     Takes exactly TRL's arguments. A plain `trl.GRPOConfig` is accepted and trains as TRL does.
@@ -52,8 +54,18 @@ class GRPOTrainer(trl.GRPOTrainer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        check_reward_columns(self.reward_funcs, self.reward_func_names, getattr(self.train_dataset, "column_names", None))
+        if getattr(self, "rollout_func", None) is None:  # a rollout_func's extra fields also reach reward functions
+            columns = getattr(self.train_dataset, "column_names", None)
+            check_reward_columns(self.reward_funcs, self.reward_func_names, columns)
+        # rewards with a `bind(args)` method (trl_groupx.rewards) take their settings from this run's config
+        self.reward_funcs = [f.bind(self.args) if callable(getattr(f, "bind", None)) else f for f in self.reward_funcs]
         self.reward_funcs = wrap_reward_funcs(self.reward_funcs, self.reward_func_names)
+        if getattr(self.args, "logps_chunk_size", None) is not None:  # refuse unsupported models now, not mid-run
+            from .memory.chunked_logps import check_supported
+
+            inner = self.accelerator.unwrap_model(self.model)
+            check_supported(inner.get_base_model() if is_peft_model(inner) else inner,
+                            compute_aux_loss=self.aux_loss_enabled)
         active = self.args.active_variants() if isinstance(self.args, GRPOConfig) else {}
         self.variants: dict[str, Variant] = {stage: get_variant(vid) for stage, vid in active.items()}
         self._rewrites_rollouts = bool({"sampling", "advantages", "token_weights"} & self.variants.keys())
@@ -77,6 +89,15 @@ class GRPOTrainer(trl.GRPOTrainer):
         if objective is not None and resolved_aggregation(self.args) == "balanced":
             self._balanced_scope = self.args.balanced_agg_scope
         self._rewards_per_func: torch.Tensor | None = None
+        adv_variant = self.variants.get("advantages")
+        self._needs_steps = adv_variant is not None and "step_structure" in adv_variant.requires
+        if self._needs_steps and getattr(self, "rollout_func", None) is None and not getattr(self, "environments", None):
+            raise ValueError(
+                f"advantage_estimator={adv_variant.id!r} assigns credit to the turns of multi-turn episodes: pass a "
+                "rollout_func that returns `step_states` (and `step_rewards`) per episode, or an environment_factory "
+                "whose environments have a `_step_structure()` method (see trl_groupx/toy/counter_rollout.py)."
+            )
+        self._steps: StepBatch | None = None  # global per-step view of the current generation batch
         # Per stateful variant: the dict its function updates in place; saved with every checkpoint.
         self.variant_state: dict[str, dict[str, Any]] = {v.id: {} for v in self.variants.values() if v.stateful}
 
@@ -92,6 +113,7 @@ class GRPOTrainer(trl.GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
         if self._rewrites_rollouts:
+            self._steps = self._collect_steps(inputs) if self._needs_steps else None
             output = self.apply_rollout_stages(output)
         if self._objective_group_ids or self._balanced_scope:
             self._add_objective_rollout_inputs(output)
@@ -119,6 +141,32 @@ class GRPOTrainer(trl.GRPOTrainer):
             )
             output["groupx_sequence_scale"] = scale[start : start + local_n]
 
+    def _collect_steps(self, inputs: list[dict[str, Any]]) -> StepBatch:
+        """Global `StepBatch` of the generation batch (episode ids are global row indices, in process order).
+
+        Per local row: the rollout_func extra fields `step_states` / `step_rewards` (TRL merges a rollout_func's extra
+        fields into each row's input dict before scoring), else `environment._step_structure()` of the row's
+        environment (`environment_factory`; private so that TRL does not expose it as a tool). States are hashed
+        here (`state_key`), so only integers and floats cross processes."""
+        local = []
+        for i, row in enumerate(inputs):
+            if "step_states" in row:
+                states = row["step_states"]
+                rewards = row.get("step_rewards", [0.0] * len(states))
+            elif self.environments and hasattr(self.environments[i], "_step_structure"):
+                states, rewards = self.environments[i]._step_structure()
+            else:
+                raise ValueError(
+                    f"advantage_estimator={self.args.advantage_estimator!r} needs the step structure of each episode: "
+                    "return `step_states` (and `step_rewards`) lists from your rollout_func, or give the environment "
+                    "a `_step_structure()` method returning (states, rewards), one entry per model turn."
+                )
+            if len(rewards) != len(states):
+                raise ValueError(f"Row {i}: {len(states)} step states but {len(rewards)} step rewards.")
+            local.append(([state_key(s) for s in states], [float(r) for r in rewards]))
+        rows = gather_object(local) if self.accelerator.num_processes > 1 else local
+        return StepBatch.from_lists([r[0] for r in rows], [r[1] for r in rows])
+
     def apply_rollout_stages(self, output: dict[str, Any]) -> dict[str, Any]:
         """Run the sampling, advantage and token-weight stages on one generation batch; returns `output` updated.
 
@@ -143,7 +191,18 @@ class GRPOTrainer(trl.GRPOTrainer):
             self._metrics[mode]["groupx/kept_fraction"].append(keep.float().mean().item())
 
         advantages = self.compute_advantages(rewards, rewards_per_func, group_size, output)
-        if "token_weights" in self.variants:
+        if self._steps is not None:  # per-step advantages (S,) -> this process's (B, T) advantages on the turns
+            steps = self._steps
+            mine = (steps.episode >= local.start) & (steps.episode < local.stop)
+            local_steps = StepBatch(steps.episode[mine] - local.start, steps.index[mine], steps.state[mine],
+                                    steps.reward[mine])
+            tool_mask = output.get("tool_mask", torch.ones_like(output["completion_mask"]))
+            turns = turn_index_from_tool_mask(tool_mask, output["completion_mask"]).cpu()
+            output["advantages"] = step_to_token_advantages(advantages.cpu()[mine], local_steps, turns).to(
+                output["completion_mask"].device)
+            counts = torch.bincount(steps.episode, minlength=rewards.numel()).clamp(min=1)
+            seq_adv = torch.zeros(rewards.numel()).index_add_(0, steps.episode, advantages.float().cpu()) / counts
+        elif "token_weights" in self.variants:
             ctx = self._token_context(output, rewards, group_size)
             token_adv = self._call(self.variants["token_weights"], advantages, ctx)
             output["advantages"] = token_adv[local, : output["completion_ids"].size(1)]
@@ -172,6 +231,9 @@ class GRPOTrainer(trl.GRPOTrainer):
             extra = {}
             if "completion_lengths" in variant.requires:
                 extra["completion_lengths"] = self.accelerator.gather(output["completion_mask"].sum(-1)).float()
+            if "step_structure" in variant.requires:  # step records live on the CPU (built from Python lists)
+                extra["steps"] = self._steps
+                source = source.cpu()
             advantages = self._call(variant, source, group_size, **extra)
             if not torch.isfinite(advantages).all():
                 raise ValueError(f"advantage_estimator={variant.id!r} returned non-finite advantages.")
@@ -251,6 +313,26 @@ class GRPOTrainer(trl.GRPOTrainer):
             for vid in self.variant_state:
                 self.variant_state[vid].clear()
                 self.variant_state[vid].update(saved.get(vid, {}))
+
+    # ---- log-probs ----------------------------------------------------------------------------------------------
+
+    def _get_per_token_logps_and_entropies(
+        self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
+        compute_aux_loss=False, **multimodal,
+    ):
+        """TRL's method, unless `logps_chunk_size` is set: then the LM head runs on `logps_chunk_size` completion
+        tokens at a time under activation checkpointing (`trl_groupx/memory/chunked_logps.py`), same outputs."""
+        if getattr(self.args, "logps_chunk_size", None) is None:
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
+                compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **multimodal,
+            )
+        from .memory.chunked_logps import chunked_per_token_logps_and_entropies
+
+        return chunked_per_token_logps_and_entropies(
+            self, model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
+            compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **multimodal,
+        )
 
     # ---- objective ----------------------------------------------------------------------------------------------
 

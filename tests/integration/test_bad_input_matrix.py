@@ -16,6 +16,7 @@ import torch
 import trl_groupx
 from tests.conftest import build_trainer, one_step
 from trl_groupx.config import GRPOConfig
+from trl_groupx.toy.counter_rollout import make_counter_game_rollout
 
 CONFIG_FIELDS = {f.name for f in dataclasses.fields(GRPOConfig)}
 VARIANTS = [v for v in trl_groupx.list_variants() if not v.native]
@@ -67,8 +68,12 @@ def toy_flags(variant, **overrides) -> dict:
 def build(variant, tmp_path, rewards, **overrides):
     needs_two = "rewards_per_func" in variant.requires
     reward_funcs = list(rewards) if needs_two else rewards[0]
+    extra = {}
+    if "step_structure" in variant.requires:  # multi-turn step credit: the shipped counter game with a step record
+        extra["rollout_func"] = make_counter_game_rollout()
+        overrides.setdefault("max_completion_length", 64)
     return build_trainer(trl_groupx.GRPOTrainer, GRPOConfig, tmp_path, peft="ref_logps" in variant.requires,
-                         reward_funcs=reward_funcs, **toy_flags(variant, **overrides))
+                         reward_funcs=reward_funcs, **extra, **toy_flags(variant, **overrides))
 
 
 def assert_trains(trainer):

@@ -8,9 +8,12 @@ import torch
 import yaml
 
 from tests.conftest import parity_reward
+from trl_groupx.rewards import APPLICATION_REWARDS
 from trl_groupx.script import build_trainer, make_parser, resolve_reward_funcs
 
-RECIPES = sorted((Path(__file__).resolve().parents[2] / "recipes").rglob("*.yaml"))
+# recipes/accelerate/ holds launcher configs (tests/integration/test_accelerate_configs.py), not training recipes
+RECIPES = sorted(p for p in (Path(__file__).resolve().parents[2] / "recipes").rglob("*.yaml")
+                 if p.parent.name != "accelerate")
 CPU_OVERRIDES = ["--bf16", "false", "--use_cpu", "true", "--gradient_checkpointing", "false", "--max_steps", "1",
                  "--gradient_accumulation_steps", "1",
                  "--max_completion_length", "6", "--report_to", "none", "--save_strategy", "no", "--dtype", "float32"]
@@ -40,7 +43,12 @@ def test_recipe_parses_and_trains_one_step(recipe, tmp_path, monkeypatch):
         ["--config", str(recipe), "--toy", "--output_dir", str(tmp_path), *CPU_OVERRIDES, *batch,
          *TOY_OVERRIDES.get(recipe.stem, [])]
     )
-    assert training_args.active_variants(), f"{recipe.name} switches on no trl_groupx variant"
+    # application papers run plain GRPO: their recipe switches on the paper's registered reward instead of a variant
+    assert training_args.active_variants() or recipe.stem in APPLICATION_REWARDS, (
+        f"{recipe.name} switches on no trl_groupx variant"
+    )
+    if recipe.stem in APPLICATION_REWARDS:
+        assert set(APPLICATION_REWARDS[recipe.stem]) & set(script_args.reward_funcs), recipe.name
     assert resolve_reward_funcs(script_args.reward_funcs, False)  # the recipe's own rewards resolve by name
     trainer = build_trainer(script_args, training_args, model_args)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}

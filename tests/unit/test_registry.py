@@ -54,8 +54,16 @@ def test_dispatched_variant_contract(variant):
     if variant.stage == "advantages":
         if "completion_lengths" in variant.requires:
             kwargs["completion_lengths"] = mask.sum(-1)
-        out = variant.fn(rewards, g, **kwargs)
-        assert out.shape == (n,) and torch.isfinite(out).all() and out[3] == 0
+        if "step_structure" in variant.requires:  # per-step output: two turns per episode, a shared first state
+            from trl_groupx.advantages.step_credit import StepBatch
+
+            steps = StepBatch.from_lists([["s0", f"s{i % 3}"] for i in range(n)],
+                                         [[0.0, float(i % 2)] for i in range(n)])
+            out = variant.fn(rewards, g, steps=steps, **kwargs)
+            assert out.shape == (2 * n,) and torch.isfinite(out).all() and (out[steps.episode == 3] == 0).all()
+        else:
+            out = variant.fn(rewards, g, **kwargs)
+            assert out.shape == (n,) and torch.isfinite(out).all() and out[3] == 0
     elif variant.stage == "token_weights":
         logps = -torch.rand(n, t)
         ctx = TokenContext(mask, g, entropies=torch.rand(n, t) * 2, logps=logps, ref_logps=logps - 0.1 * torch.rand(n, t),
@@ -64,7 +72,9 @@ def test_dispatched_variant_contract(variant):
         assert out.shape == (n, t) and torch.isfinite(out).all() and (out[mask == 0] == 0).all()
     elif variant.stage == "objective":
         logps = (-torch.rand(n, t)).requires_grad_()
-        ctx = ObjectiveContext(logps, logps.detach() - 0.1 * torch.randn(n, t), torch.randn(n, 1), mask)
+        group_ids = torch.arange(n) // g if "group_structure" in variant.requires else None  # as the trainer fills
+        ctx = ObjectiveContext(logps, logps.detach() - 0.1 * torch.randn(n, t), torch.randn(n, 1), mask,
+                               group_ids=group_ids)
         out = variant.fn(ctx, **kwargs)
         assert out.shape[0] == n and out.shape[1] in (1, t) and torch.isfinite(out).all()
         (out * mask).sum().backward()

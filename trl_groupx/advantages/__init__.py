@@ -5,14 +5,17 @@ vectorised over all groups at once; NaN rewards are excluded from group statisti
 One module per variant (or per family); importing this package registers them all.
 """
 
+from .agentflow import agentflow_step_advantages
 from .dvao import dvao_advantages
 from .ebpo import ebpo_advantages
 from .focal_tailmiss import focal_tailmiss_advantages
 from .gd2po import gd2po_advantages
+from .gigpo import gigpo_step_advantages
 from .gopo import gopo_advantages
 from .gpg_valid_rescale import gpg_valid_rescale_advantages
 from .group_norm import TRL_STD_EPS, decoupled_normalized_advantages, group_normalized_advantages
 from .grpo_passk import grpo_passk_advantages
+from .hgpo import hgpo_step_advantages
 from .mathforge_dgpo import mathforge_dgpo_advantages
 from .mdp_grpo import mdp_grpo_advantages
 from .mo_grpo import mo_grpo_advantages
@@ -27,6 +30,9 @@ from .two_grpo import two_grpo_advantages
 
 __all__ = [
     "TRL_STD_EPS",
+    "agentflow_step_advantages",
+    "gigpo_step_advantages",
+    "hgpo_step_advantages",
     "decoupled_normalized_advantages",
     "dvao_advantages",
     "ebpo_advantages",

@@ -63,6 +63,25 @@ class AdvantageArgs:
         resampling loop itself is not provided). In (0, 1].
     gpg_valid_rescale_scale_rewards (`bool`, defaults to `False`): GPG: also divide by the group std + 1e-4
         (official `--scale_rewards`, off in the official scripts).
+
+    > agentflow, gigpo, hgpo (multi-turn step credit; per-step data from the rollout, see `advantages/step_credit.py`)
+    agentflow_episode_stats (`str`, defaults to `"trajectory"`): Flow-GRPO: group statistics over episodes
+        (`"trajectory"`, the paper's formula) or over turn rows (`"steps"`, the official verl code: long episodes
+        weigh more).
+    agentflow_scale (`bool`, defaults to `True`): Flow-GRPO: divide by the group std + 1e-6.
+    gigpo_gamma (`float`, defaults to `0.95`): GiGPO: discount γ of the step returns (official recipes 0.95).
+    gigpo_step_advantage_w (`float`, defaults to `1.0`): GiGPO: weight ω of the step-level advantage in
+        `A = A^E + ω A^S`.
+    gigpo_mode (`str`, defaults to `"mean_std_norm"`): GiGPO: `"mean_std_norm"` (divide by the unbiased std + 1e-6)
+        or `"mean_norm"` (mean only).
+    gigpo_episode_stats (`str`, defaults to `"trajectory"`): GiGPO: episode-level statistics over episodes (paper
+        Eq. 3) or over step rows (`"steps"`, official `compute_mean_std_cross_steps=True`).
+    hgpo_gamma (`float`, defaults to `0.95`): HGPO: discount γ of the step returns (official recipe 0.95).
+    hgpo_history_length (`int`, defaults to `2`): HGPO: history depth H; levels k = 1 … H + 1 (official 2 or 4).
+    hgpo_mode (`str`, defaults to `"mean_std_norm"`): HGPO: divide by the population std + 1e-6, or mean only.
+    hgpo_length_weight_alpha (`float`, defaults to `1.0`): HGPO: level weight `(k + 1)^α`.
+    hgpo_base_group (`bool`, defaults to `False`): HGPO: add the episode-level advantage as level k = 0.
+    hgpo_episode_stats (`str`, defaults to `"steps"`): HGPO: statistics of the base group (official: step rows).
     """
 
     advantage_estimator: str = field(
@@ -128,4 +147,25 @@ class AdvantageArgs:
     )
     gpg_valid_rescale_scale_rewards: bool = field(
         default=False, metadata={"help": "GPG: also divide by the group std + 1e-4 (official default False)."}
+    )
+    # agentflow
+    agentflow_episode_stats: str = field(
+        default="trajectory", metadata={"help": "Flow-GRPO: group stats over 'trajectory' (paper) or 'steps' (code)."}
+    )
+    agentflow_scale: bool = field(default=True, metadata={"help": "Flow-GRPO: divide by the group std + 1e-6."})
+    # gigpo
+    gigpo_gamma: float = field(default=0.95, metadata={"help": "GiGPO: discount of the step returns (0.95)."})
+    gigpo_step_advantage_w: float = field(default=1.0, metadata={"help": "GiGPO: weight of the step advantage."})
+    gigpo_mode: str = field(default="mean_std_norm", metadata={"help": "GiGPO: 'mean_std_norm' or 'mean_norm'."})
+    gigpo_episode_stats: str = field(
+        default="trajectory", metadata={"help": "GiGPO: episode stats over 'trajectory' (paper) or 'steps' (code)."}
+    )
+    # hgpo
+    hgpo_gamma: float = field(default=0.95, metadata={"help": "HGPO: discount of the step returns (0.95)."})
+    hgpo_history_length: int = field(default=2, metadata={"help": "HGPO: history depth H (levels 1..H+1)."})
+    hgpo_mode: str = field(default="mean_std_norm", metadata={"help": "HGPO: 'mean_std_norm' or 'mean_norm'."})
+    hgpo_length_weight_alpha: float = field(default=1.0, metadata={"help": "HGPO: level weight (k+1)**alpha."})
+    hgpo_base_group: bool = field(default=False, metadata={"help": "HGPO: add the episode level as k = 0."})
+    hgpo_episode_stats: str = field(
+        default="steps", metadata={"help": "HGPO: base-group stats over 'steps' (code) or 'trajectory'."}
     )

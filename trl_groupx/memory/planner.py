@@ -1,0 +1,931 @@
+"""Peak GPU memory of single-GPU GRPO with TRL (LoRA/QLoRA/full fine-tuning, vLLM colocate/server or HF generate).
+
+The model is the first-principles one of the facts file `single-gpu-memory.md` §4 (see `docs/memory.md`): every
+term is linear in `B·T` or `B·T_c` and its constants were checked against reported runs (tests/unit/memory).
+All sizes are bytes; GiB = 2**30 bytes. Nothing here imports torch or touches a GPU.
+
+Term by term (notation of the facts file: `P` params, `L` layers, `H` hidden, `q`/`kv` attention widths, `I` MLP
+width, `V` vocab, `r` LoRA rank, `B` per_device_train_batch_size, `T_p`/`T_c` prompt/completion lengths):
+
+* weights: `2P` (bf16), `4P` (fp32), NF4 `P_lin·0.5625 + b·(P−P_lin)` (0.516 with double quant),
+  FP8 `P_lin + 2(P−P_lin)`.
+* adapter + optimizer: LoRA `N_lora·(16 | 10 with 8-bit Adam | 8 for TRL's bf16 QLoRA cast)`; full fine-tuning:
+  gradients + two Adam states in the weight dtype (1 byte each with 8-bit Adam).
+* activations: GC on `2·B·T·H·L + 2·B·T·k_layer`; GC off `2·B·T·L·k_layer`; `k_layer = 4H+2q+2kv+4I` (+q+kv with
+  q/k-norm, +5H+q+I with LoRA dropout, 2I instead of 4I with fused Liger kernels). fp32 activations double it.
+* log-prob head (`logprob_head`): "trl-fused" (default; TRL 1.16 always patches GRPO's model with its fused,
+  tiled LM head: hidden copy + fp32 gradient `B·T_c·H·(2+4+2)` + one 4096×32768 tile — no `B×T×V` tensor);
+  "unfused" (the facts file's model of older TRL: `B·(T_c+1)·V·b_l·c + (T_c+1)·V·4`, `b_l = 2`, `c = 2`);
+  "liger" (Liger's fused GRPO loss: `V·H·6 + B·T_c·H·6 + 0.13 GB`); with `logps_chunk_size` (trl_groupx chunked
+  log-probs) `5·chunk·V·4 + B·T_c·H·6`.
+* no-grad log-prob pass (old log-probs with vLLM IS correction / num_iterations>1 / steps_per_generation>GA, ref
+  log-probs with beta>0): one layer's intermediates + the head's forward, transient; the training peak takes the
+  larger of it and activations + head.
+* vLLM colocate: its whole budget `u·M` = weights + profile activations + CUDA graphs + non-torch + KV cache.
+  With sleep mode (level 2, TRL) vLLM holds only a small residual while training; generation needs `u·M` while the
+  trainer holds only its weights and optimizer states.
+* transformers generate (no vLLM): KV cache of the generation batch + one layer of prefill activations.
+* fragmentation: the transient terms times `fragmentation` (1.1); CUDA context `cuda_context_gib` (0.5 GiB).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from .architectures import Architecture, resolve_architecture
+
+GiB = 2**30
+ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+PEFT_DEFAULT_TARGETS = ("q_proj", "v_proj")  # peft's default for Llama/Qwen when target_modules is None
+NF4_BYTES = 4.5 / 8  # 4-bit + fp32 absmax per block of 64
+NF4_DQ_BYTES = 4.127 / 8  # with bnb double quantisation
+LIGER_TILE_BYTES = 0.13e9  # facts §4.2 (4): ~2048×4096 fp32 ×4
+TRL_TOKEN_TILE = 4096  # trl/kernels/chunked_logprob.py TOKEN_CHUNK_SIZE (TRL 1.16)
+TRL_VOCAB_TILE = 32768  # trl/trainer/utils.py _CHUNKED_LOGPROB_CHUNK_SIZE (TRL 1.16)
+LOGPROB_HEADS = ("trl-fused", "unfused", "liger")
+DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "fp8": 1}
+VLLM_MODES = ("colocate", "server")
+
+
+_HEAD_LABEL = {"trl-fused": "log-prob head (TRL fused tiles)", "unfused": "log-prob head (B x T_c x V logits)",
+               "liger": "log-prob head (Liger fused loss)"}
+
+
+def gib(n_bytes: float) -> float:
+    return n_bytes / GiB
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """Every setting the planner reads (see `plan_memory` for their meaning). Frozen so suggestions can re-run it."""
+
+    arch: Architecture
+    use_peft: bool = True
+    lora_r: int = 16
+    lora_target_modules: tuple[str, ...] | str | None = "all-linear"
+    lora_dropout: float = 0.0
+    load_in_4bit: bool = False
+    bnb_double_quant: bool = False
+    weight_dtype: str = "bfloat16"
+    bf16: bool = True
+    optim: str = "adamw_torch"
+    num_generations: int = 8
+    per_device_train_batch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    steps_per_generation: int = 1
+    prompt_length: int = 512
+    completion_length: int = 1024
+    gradient_checkpointing: bool = True
+    use_liger_kernel: bool = False
+    cast_lm_head_to_fp32: bool = False
+    logprob_head: str = "trl-fused"
+    logps_chunk_size: int | None = None
+    beta: float = 0.0
+    num_iterations: int = 1
+    use_vllm: bool = False
+    vllm_mode: str = "colocate"
+    vllm_gpu_memory_utilization: float = 0.3
+    vllm_enable_sleep_mode: bool = False
+    vllm_max_model_length: int | None = None
+    vllm_importance_sampling_correction: bool = True
+    vllm_enforce_eager: bool = False
+    gpu_memory_gib: float = 40.0
+    usable_fraction: float = 0.989
+    margin: float = 0.10
+    # calibration constants (facts §4.2; calibrate with benchmarks/gpu when a GPU is lent)
+    logits_copies: float = 2.0
+    fragmentation: float = 1.1
+    cuda_context_gib: float = 0.5
+    vllm_profile_gib: float = 1.2
+    vllm_cuda_graph_gib: float = 0.5
+    vllm_nontorch_gib: float = 0.1
+    vllm_sleep_residual_gib: float = 0.2
+    kv_cache_dtype_bytes: int = 2
+
+
+@dataclass
+class Suggestion:
+    """One changed setting (or a combination), and the plan the planner computed with it."""
+
+    description: str
+    changes: dict[str, Any]
+    peak: int
+    verdict: str
+    detail: str = ""
+
+    @property
+    def fits(self) -> bool:
+        return self.verdict == "fits"
+
+
+@dataclass
+class MemoryPlan:
+    """Peak breakdown (bytes), verdict and suggestions for one single-GPU GRPO setting."""
+
+    inputs: PlanInputs
+    gpu_bytes: int
+    usable_bytes: int
+    # trainer
+    weights: int
+    adapter_optimizer: int
+    reference_model: int
+    activations: int
+    logprob_head: int
+    nograd_logprobs: int
+    quant_transient: int
+    fragmentation: int
+    cuda_context: int
+    # generation
+    vllm_budget: int  # u·M held by vLLM while it is awake (0 without colocated vLLM)
+    vllm_weights: int
+    vllm_overhead: int  # profile activations + CUDA graphs + non-torch memory
+    vllm_kv_cache: int
+    vllm_resident_training: int  # what vLLM holds during the training step (budget, or the sleep residual)
+    hf_generation: int  # transformers generate: KV cache + prefill activations
+    # totals
+    train_peak: int
+    generation_peak: int
+    peak: int
+    phase: str
+    kv_bytes_per_token: int
+    kv_tokens: int
+    max_model_len: int | None
+    concurrent_sequences: int
+    generation_batch: int
+    verdict: str
+    problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    suggestions: list[Suggestion] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return self.verdict == "fits"
+
+    @property
+    def headroom(self) -> int:
+        """Usable GPU bytes left at the peak (negative when it does not fit)."""
+        return self.usable_bytes - self.peak
+
+    @property
+    def logits_bytes_per_copy(self) -> int:
+        """One copy of the completion logits `B·(T_c+1)·V·b_l` (the term users see in OOM traces)."""
+        i = self.inputs
+        return i.per_device_train_batch_size * (i.completion_length + 1) * i.arch.vocab_size * _logit_bytes(i)
+
+    def breakdown(self) -> list[tuple[str, int]]:
+        rows = [
+            ("policy weights", self.weights),
+            ("adapter + optimizer states" if self.inputs.use_peft else "gradients + optimizer states",
+             self.adapter_optimizer),
+        ]
+        if self.reference_model:
+            rows.append(("reference model", self.reference_model))
+        rows += [
+            ("activations (one micro-batch)", self.activations),
+            (_HEAD_LABEL.get(self.inputs.logprob_head, "log-prob head") if not self.inputs.logps_chunk_size
+             else "log-prob head (chunked)", self.logprob_head),
+        ]
+        if self.nograd_logprobs:
+            rows.append(("no-grad log-prob pass (max with act.+head)", self.nograd_logprobs))
+        if self.quant_transient:
+            rows.append(("4-bit dequantisation buffer", self.quant_transient))
+        rows.append(("allocator fragmentation", self.fragmentation))
+        rows.append(("CUDA context", self.cuda_context))
+        if self.vllm_budget:
+            rows += [
+                ("vLLM weights", self.vllm_weights),
+                ("vLLM profile + CUDA graphs + other", self.vllm_overhead),
+                ("vLLM KV cache", self.vllm_kv_cache),
+            ]
+        if self.hf_generation:
+            rows.append(("generate(): KV cache + prefill", self.hf_generation))
+        return rows
+
+    def report(self) -> str:
+        return format_report(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("inputs", "suggestions")}
+        out["model"] = self.inputs.arch.name
+        out["settings"] = {k: v for k, v in dataclasses.asdict(self.inputs).items() if k != "arch"}
+        out["headroom"] = self.headroom
+        out["suggestions"] = [dataclasses.asdict(s) for s in self.suggestions]
+        return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# terms
+
+
+def _dtype_bytes(dtype: str, what: str) -> int:
+    key = str(dtype).replace("torch.", "").lower()
+    if key not in DTYPE_BYTES:
+        raise ValueError(f"{what}={dtype!r} is not a dtype the planner knows; use one of {sorted(DTYPE_BYTES)}.")
+    return DTYPE_BYTES[key]
+
+
+def weight_bytes(arch: Architecture, fmt: str, *, double_quant: bool = False, other_bytes: int = 2) -> int:
+    """Bytes of one copy of the weights in `fmt` ('nf4', 'fp8' or a dtype name), facts §4.2 (1).
+
+    4-bit and FP8 quantise only the decoder's linear weights; embeddings, `lm_head`, norms and biases stay in
+    `other_bytes` per parameter.
+    """
+    p, p_lin = arch.num_params, arch.linear_params
+    if fmt == "nf4":
+        return round(p_lin * (NF4_DQ_BYTES if double_quant else NF4_BYTES) + other_bytes * (p - p_lin))
+    if fmt == "fp8":
+        return p_lin + other_bytes * (p - p_lin)
+    return _dtype_bytes(fmt, "weight dtype") * p
+
+
+def lora_params(arch: Architecture, r: int, targets) -> int:
+    """`N_lora = r·Σ(in+out)` over the adapted projections of every layer (all-linear: `r·L·(7H+2q+2kv+3I)`)."""
+    h, q, kv, i = arch.hidden_size, arch.q_dim, arch.kv_dim, arch.intermediate_size
+    dims = {"q_proj": h + q, "k_proj": h + kv, "v_proj": h + kv, "o_proj": q + h, "gate_proj": h + i,
+            "up_proj": h + i, "down_proj": i + h}
+    return r * arch.num_layers * sum(dims[t] for t in _targets(targets))
+
+
+def _targets(targets) -> tuple[str, ...]:
+    if targets is None:
+        return PEFT_DEFAULT_TARGETS
+    if isinstance(targets, str):
+        targets = [t.strip() for t in targets.split(",")] if targets != "all-linear" else ["all-linear"]
+    out: list[str] = []
+    for t in targets:
+        if t == "all-linear":
+            out.extend(ALL_LINEAR)
+        elif t in ALL_LINEAR:
+            out.append(t)
+        else:
+            raise ValueError(f"lora_target_modules: {t!r} is not a Llama/Qwen projection; use 'all-linear' or "
+                             f"names from {list(ALL_LINEAR)}.")
+    return tuple(dict.fromkeys(out))
+
+
+def k_layer(i: PlanInputs) -> int:
+    """Elements saved per token and layer for backward (facts §4.2 (3))."""
+    a = i.arch
+    h, q, kv, inter = a.hidden_size, a.q_dim, a.kv_dim, a.intermediate_size
+    k = 4 * h + 2 * q + 2 * kv + (2 if i.use_liger_kernel else 4) * inter
+    if a.qk_norm:
+        k += q + kv
+    if i.use_peft and i.lora_dropout > 0:
+        dims = {"q_proj": h, "k_proj": h, "v_proj": h, "o_proj": q, "gate_proj": h, "up_proj": h, "down_proj": inter}
+        k += sum(dims[t] for t in _targets(i.lora_target_modules))
+    return k
+
+
+def _act_bytes(i: PlanInputs) -> int:
+    w = _dtype_bytes(i.weight_dtype, "weight_dtype") if i.weight_dtype not in ("nf4", "fp8") else 2
+    return 2 if (i.bf16 or w == 2) else 4
+
+
+def _logit_bytes(i: PlanInputs) -> int:
+    return 4 if i.cast_lm_head_to_fp32 else _act_bytes(i)
+
+
+def checkpoint_bytes(i: PlanInputs) -> int:
+    """Layer-boundary checkpoints kept with gradient checkpointing: `2·B·T·H·L` (0 without it)."""
+    if not i.gradient_checkpointing:
+        return 0
+    return _act_bytes(i) * i.per_device_train_batch_size * (i.prompt_length + i.completion_length) * \
+        i.arch.hidden_size * i.arch.num_layers
+
+
+def activation_bytes(i: PlanInputs) -> int:
+    """Training activations of one micro-batch: checkpoints + one recomputed layer (GC), or all layers (no GC)."""
+    b, t, a = i.per_device_train_batch_size, i.prompt_length + i.completion_length, i.arch
+    e = _act_bytes(i)
+    if i.gradient_checkpointing:
+        return checkpoint_bytes(i) + e * b * t * k_layer(i)
+    return e * b * t * a.num_layers * k_layer(i)
+
+
+def _head_compute_bytes(i: PlanInputs) -> int:
+    return 4 if i.cast_lm_head_to_fp32 else _act_bytes(i)
+
+
+def logprob_head_bytes(i: PlanInputs) -> int:
+    """Grad-path log-prob head of one micro-batch (`N = B·T_c` scored tokens).
+
+    * "trl-fused" (TRL 1.16's `add_fused_lm_head`, CUDA/Triton path, always on in GRPO): the compact hidden copy and
+      its fp32 + cast gradient `N·H·(e+4+e)`, one `min(N,4096)×min(V,32768)` tile, nine fp32 per-token vectors, and,
+      when `lm_head` trains (full fine-tuning), its fp32 gradient `V·H·4` + cast. No `B×T×V` tensor exists.
+    * "unfused" (facts §4.2 (4), TRL before the fused head and the reported runs): `B·(T_c+1)·V·b_l·c` +
+      one fp32 row `(T_c+1)·V·4`.
+    * "liger" (Liger's fused GRPO loss, older TRL): `V·H·6 + N·H·6 + 0.13 GB`.
+    * `logps_chunk_size` (trl_groupx chunked log-probs, trl_groupx/memory/chunked_logps.py): `5·chunk·V·4`, the
+      figure that module documents, + the hidden copy and fp32 gradient `N·H·(e+4)`.
+    """
+    a = i.arch
+    b, tc, v, h = i.per_device_train_batch_size, i.completion_length, a.vocab_size, a.hidden_size
+    n, e = b * tc, _act_bytes(i)
+    if i.logps_chunk_size:
+        return 5 * i.logps_chunk_size * v * 4 + n * h * (e + 4)
+    if i.logprob_head == "liger":
+        return round(v * h * 6 + n * h * 6 + LIGER_TILE_BYTES)
+    if i.logprob_head == "unfused":
+        return round(b * (tc + 1) * v * _logit_bytes(i) * i.logits_copies + (tc + 1) * v * 4)
+    ec = _head_compute_bytes(i)
+    head = n * h * (ec + 4 + e) + min(n, TRL_TOKEN_TILE) * min(v, TRL_VOCAB_TILE) * ec + 9 * 4 * n
+    if not i.use_peft:
+        head += v * h * (4 + _dtype_bytes(i.weight_dtype, "weight_dtype"))
+    return head
+
+
+def _needs_nograd_pass(i: PlanInputs) -> bool:
+    old = (i.num_iterations > 1 or i.steps_per_generation > i.gradient_accumulation_steps
+           or (i.use_vllm and i.vllm_importance_sampling_correction))
+    return old or i.beta != 0
+
+
+def nograd_logprob_bytes(i: PlanInputs) -> int:
+    """Transient of a no-grad log-prob pass (old / reference log-probs): one layer's intermediates + the head."""
+    if not _needs_nograd_pass(i):
+        return 0
+    a = i.arch
+    b, tc, v, h = i.per_device_train_batch_size, i.completion_length, a.vocab_size, a.hidden_size
+    n, e, t = b * tc, _act_bytes(i), i.prompt_length + i.completion_length
+    layer = b * t * (2 * h + a.q_dim + 2 * a.kv_dim + 2 * a.intermediate_size) * e
+    if i.logps_chunk_size:
+        head = 5 * i.logps_chunk_size * v * 4 + n * h * e
+    elif i.logprob_head in ("unfused", "liger"):  # facts §4.2 (4): not reduced by Liger
+        head = b * (tc + 1) * v * _logit_bytes(i) + (tc + 1) * v * 4
+    else:
+        ec = _head_compute_bytes(i)
+        head = n * h * ec + min(n, TRL_TOKEN_TILE) * min(v, TRL_VOCAB_TILE) * ec + 9 * 4 * n
+    return layer + head
+
+
+def _weight_format(i: PlanInputs) -> str:
+    return "nf4" if i.load_in_4bit else i.weight_dtype
+
+
+def _adapter_optimizer_bytes(i: PlanInputs) -> int:
+    eight_bit = "8bit" in i.optim
+    if i.use_peft:
+        n = lora_params(i.arch, i.lora_r, i.lora_target_modules)
+        if i.load_in_4bit:  # TRL casts QLoRA adapters to bf16: bf16 weight + grad + states
+            per = 2 + 2 + (2 if eight_bit else 4)
+        else:  # fp32 adapters (peft autocast_adapter_dtype) + fp32 grad + AdamW states
+            per = 4 + 4 + (2 if eight_bit else 8)
+        return n * per
+    if i.load_in_4bit or i.weight_dtype == "fp8":
+        raise ValueError("full fine-tuning of a quantised base is not possible: set use_peft=True (LoRA on the "
+                         "4-bit base, i.e. QLoRA) or drop load_in_4bit.")
+    w = _dtype_bytes(i.weight_dtype, "weight_dtype")
+    return i.arch.num_params * (w + (2 if eight_bit else 2 * w))
+
+
+def _compute(i: PlanInputs) -> MemoryPlan:
+    a = i.arch
+    usable = round(i.gpu_memory_gib * GiB * i.usable_fraction)
+    nonlin_bytes = _dtype_bytes(i.weight_dtype, "weight_dtype") if i.weight_dtype not in ("nf4", "fp8") else 2
+    w = weight_bytes(a, _weight_format(i), double_quant=i.bnb_double_quant, other_bytes=nonlin_bytes)
+    s = _adapter_optimizer_bytes(i)
+    ref = w if (i.beta != 0 and not i.use_peft) else 0
+    act = activation_bytes(i)
+    head = logprob_head_bytes(i)
+    nograd = nograd_logprob_bytes(i)
+    quant = 2 * a.hidden_size * a.intermediate_size if i.load_in_4bit else 0
+    transient = max(act + head, nograd) + quant
+    frag = round(transient * (i.fragmentation - 1))
+    ctx = round(i.cuda_context_gib * GiB)
+    kv_bpt = 2 * a.num_layers * a.kv_dim * i.kv_cache_dtype_bytes
+    gen_batch = i.per_device_train_batch_size * i.steps_per_generation
+    t_total = i.prompt_length + i.completion_length
+    problems: list[str] = []
+    warnings: list[str] = []
+    notes: list[str] = []
+
+    vllm_budget = vllm_w = vllm_over = vllm_kv = resident = hf_gen = 0
+    kv_tokens = 0
+    max_model_len: int | None = None
+    colocate = i.use_vllm and i.vllm_mode == "colocate"
+    if colocate:
+        u = i.vllm_gpu_memory_utilization
+        vllm_budget = round(u * usable)
+        vllm_fmt = "nf4" if i.load_in_4bit else ("fp8" if i.weight_dtype == "fp8" else a.torch_dtype)
+        if vllm_fmt not in ("nf4", "fp8") and vllm_fmt not in DTYPE_BYTES:
+            vllm_fmt = "bfloat16"
+        vllm_w = weight_bytes(a, vllm_fmt, double_quant=i.bnb_double_quant)
+        graphs = 0 if i.vllm_enforce_eager else i.vllm_cuda_graph_gib
+        vllm_over = round((i.vllm_profile_gib + graphs + i.vllm_nontorch_gib) * GiB)
+        vllm_kv = vllm_budget - vllm_w - vllm_over
+        kv_tokens = max(vllm_kv, 0) // kv_bpt
+        max_model_len = i.vllm_max_model_length or a.max_position_embeddings
+        if vllm_kv <= 0:
+            problems.append(
+                f"vLLM cannot start: vllm_gpu_memory_utilization={u:g} gives {gib(vllm_budget):.2f} GiB, less than "
+                f"its weights + overheads ({gib(vllm_w + vllm_over):.2f} GiB)."
+            )
+        elif kv_tokens < max_model_len:
+            fix = ("set vllm_max_model_length to prompt + completion length "
+                   f"({t_total})" if i.vllm_max_model_length is None else "raise vllm_gpu_memory_utilization")
+            problems.append(
+                f"vLLM refuses to start: its KV cache holds {kv_tokens:,} tokens, less than one max_model_len="
+                f"{max_model_len:,} sequence ('The model's max seq len ... is larger than the maximum number of "
+                f"tokens that can be stored in KV cache'); {fix}."
+            )
+        elif kv_tokens < gen_batch * t_total:
+            warnings.append(
+                f"vLLM KV cache holds {kv_tokens // t_total} of the {gen_batch} sequences of a generation batch at "
+                f"full length: vLLM queues the rest (slower, not an OOM)."
+            )
+        if max_model_len < t_total:
+            warnings.append(f"max_model_len={max_model_len} < prompt + completion ({t_total}): vLLM truncates.")
+        if i.vllm_enable_sleep_mode:
+            resident = round(i.vllm_sleep_residual_gib * GiB)
+        else:
+            resident = vllm_budget
+    elif i.use_vllm:
+        notes.append("vllm_mode='server': generation runs on another GPU; only the trainer is planned here.")
+    else:
+        # transformers generate() on the whole generation batch: KV cache (weight dtype) + one layer of prefill
+        e = _act_bytes(i)
+        kv_hf = gen_batch * t_total * 2 * a.num_layers * a.kv_dim * e
+        prefill = gen_batch * i.prompt_length * (a.hidden_size + a.q_dim + 2 * a.kv_dim + 2 * a.intermediate_size) * e
+        hf_gen = round((kv_hf + prefill) * i.fragmentation)
+
+    base = w + s + ref + ctx
+    train_peak = base + resident + transient + frag
+    if colocate:
+        generation_peak = base + vllm_budget
+    else:
+        generation_peak = base + hf_gen
+    peak = max(train_peak, generation_peak)
+    phase = "training step" if train_peak >= generation_peak else "generation"
+
+    if peak > usable or problems:
+        verdict = "does not fit"
+    elif peak > usable * (1 - i.margin):
+        verdict = "tight"
+    else:
+        verdict = "fits"
+    if colocate and kv_tokens:
+        concurrent = kv_tokens // t_total
+    else:
+        concurrent = gen_batch if not i.use_vllm else 0
+    if i.weight_dtype == "float32" and not i.use_peft:
+        notes.append("fp32 full fine-tuning: autocast weight copies and fp32 residual streams (up to 1.5-2x on "
+                     "activations) are not modelled.")
+    if i.load_in_4bit and colocate:
+        notes.append("QLoRA + vLLM: TRL loads the base in bitsandbytes 4-bit in vLLM too and merges the adapter "
+                     "into it (lossy, slower decode).")
+    return MemoryPlan(
+        inputs=i, gpu_bytes=round(i.gpu_memory_gib * GiB), usable_bytes=usable, weights=w, adapter_optimizer=s,
+        reference_model=ref, activations=act, logprob_head=head, nograd_logprobs=nograd, quant_transient=quant,
+        fragmentation=frag, cuda_context=ctx, vllm_budget=vllm_budget, vllm_weights=vllm_w, vllm_overhead=vllm_over,
+        vllm_kv_cache=max(vllm_kv, 0), vllm_resident_training=resident, hf_generation=hf_gen, train_peak=train_peak,
+        generation_peak=generation_peak, peak=peak, phase=phase, kv_bytes_per_token=kv_bpt, kv_tokens=kv_tokens,
+        max_model_len=max_model_len, concurrent_sequences=concurrent, generation_batch=gen_batch, verdict=verdict,
+        problems=problems, warnings=warnings, notes=notes,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# public entry points
+
+
+def _check_inputs(i: PlanInputs) -> None:
+    positive_ints = ("lora_r", "num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
+                     "steps_per_generation", "completion_length", "num_iterations", "kv_cache_dtype_bytes")
+    for name in positive_ints:
+        value = getattr(i, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+    if not isinstance(i.prompt_length, int) or i.prompt_length < 0:
+        raise ValueError(f"prompt_length must be a non-negative integer, got {i.prompt_length!r}.")
+    if i.vllm_max_model_length is not None and i.vllm_max_model_length < 1:
+        raise ValueError(f"vllm_max_model_length must be positive, got {i.vllm_max_model_length!r}.")
+    if i.logprob_head not in LOGPROB_HEADS:
+        raise ValueError(f"logprob_head={i.logprob_head!r}: use one of {LOGPROB_HEADS}.")
+    if i.logps_chunk_size is not None and (isinstance(i.logps_chunk_size, bool) or i.logps_chunk_size < 1):
+        raise ValueError(f"logps_chunk_size must be a positive integer or None, got {i.logps_chunk_size!r}.")
+    for name in ("gpu_memory_gib", "fragmentation", "logits_copies"):
+        if not getattr(i, name) > 0:
+            raise ValueError(f"{name} must be positive, got {getattr(i, name)!r}.")
+    for name in ("cuda_context_gib", "vllm_profile_gib", "vllm_cuda_graph_gib", "vllm_nontorch_gib",
+                 "vllm_sleep_residual_gib", "lora_dropout", "margin"):
+        if getattr(i, name) < 0:
+            raise ValueError(f"{name} must be >= 0, got {getattr(i, name)!r}.")
+    if not 0 < i.usable_fraction <= 1:
+        raise ValueError(f"usable_fraction must be in (0, 1], got {i.usable_fraction!r}.")
+    if i.use_vllm and not 0 < i.vllm_gpu_memory_utilization < 1:
+        raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1), got {i.vllm_gpu_memory_utilization!r}.")
+    if i.use_vllm and i.vllm_mode not in VLLM_MODES:
+        raise ValueError(f"vllm_mode={i.vllm_mode!r}: use one of {VLLM_MODES}.")
+    if (i.per_device_train_batch_size * i.steps_per_generation) % i.num_generations:
+        raise ValueError(
+            f"generation batch per_device_train_batch_size × steps_per_generation = {i.per_device_train_batch_size}"
+            f" × {i.steps_per_generation} is not divisible by num_generations={i.num_generations} (TRL rejects "
+            f"this too): raise steps_per_generation or gradient_accumulation_steps, or change the batch size."
+        )
+    if i.weight_dtype not in ("nf4", "fp8"):
+        _dtype_bytes(i.weight_dtype, "weight_dtype")
+    _targets(i.lora_target_modules)
+
+
+def plan_memory(
+    model,
+    *,
+    use_peft: bool = True,
+    lora_r: int = 16,
+    lora_target_modules=("all-linear",),
+    lora_dropout: float = 0.0,
+    load_in_4bit: bool = False,
+    bnb_double_quant: bool = False,
+    weight_dtype: str = "bfloat16",
+    bf16: bool = True,
+    optim: str = "adamw_torch",
+    num_generations: int = 8,
+    per_device_train_batch_size: int | None = None,
+    gradient_accumulation_steps: int = 1,
+    steps_per_generation: int | None = None,
+    prompt_length: int = 512,
+    completion_length: int = 1024,
+    gradient_checkpointing: bool = True,
+    use_liger_kernel: bool = False,
+    cast_lm_head_to_fp32: bool = False,
+    logprob_head: str = "trl-fused",
+    logps_chunk_size: int | None = None,
+    beta: float = 0.0,
+    num_iterations: int = 1,
+    use_vllm: bool = False,
+    vllm_mode: str = "colocate",
+    vllm_gpu_memory_utilization: float = 0.3,
+    vllm_enable_sleep_mode: bool = False,
+    vllm_max_model_length: int | None = None,
+    vllm_importance_sampling_correction: bool = True,
+    vllm_enforce_eager: bool = False,
+    gpu_memory_gib: float = 40.0,
+    suggest: bool = True,
+    **constants: Any,
+) -> MemoryPlan:
+    """Plan the peak GPU memory of one single-GPU GRPO run.
+
+    Args:
+        model: a shipped model name (`KNOWN_MODELS`, e.g. "Qwen/Qwen2.5-1.5B"), a config.json path, a local model
+            folder, an `Architecture` or a config dict.
+        use_peft, lora_r, lora_target_modules, lora_dropout: LoRA settings (as in `trl.ModelConfig`;
+            `lora_target_modules=None` is peft's default q_proj/v_proj). `use_peft=False` plans full fine-tuning.
+        load_in_4bit, bnb_double_quant: QLoRA base in bitsandbytes NF4 (`use_bnb_nested_quant`).
+        weight_dtype: dtype the policy is loaded in ("bfloat16", "float32", ...; "fp8" for an FP8 checkpoint).
+        bf16: mixed precision (bf16 activations even with fp32 weights). optim: "adamw_torch", "adamw_8bit", ...
+        num_generations: group size G. per_device_train_batch_size: completions per micro-batch (default: G).
+        gradient_accumulation_steps, steps_per_generation: as in `GRPOConfig` (the latter defaults to the former);
+            the generation batch is `per_device_train_batch_size × steps_per_generation`.
+        prompt_length, completion_length: padded lengths in tokens (`max_completion_length`).
+        gradient_checkpointing, cast_lm_head_to_fp32, beta, num_iterations: as in `GRPOConfig`.
+        use_liger_kernel: Liger's fused RMSNorm/SwiGLU layer kernels (fewer saved activations); TRL 1.16 keeps its
+            own fused LM head, so Liger's GRPO loss is `logprob_head="liger"`.
+        logprob_head: "trl-fused" (TRL 1.16, default), "unfused" (full logits, older TRL), "liger".
+        logps_chunk_size: trl_groupx chunked log-probs (`GRPOConfig.logps_chunk_size`), rows per LM-head chunk.
+        use_vllm, vllm_mode, vllm_gpu_memory_utilization, vllm_enable_sleep_mode, vllm_max_model_length,
+            vllm_importance_sampling_correction: as in `GRPOConfig`. vllm_enforce_eager: no CUDA graphs.
+        gpu_memory_gib: the card's size (40 for an A100-40GB); torch sees `usable_fraction` (0.989) of it.
+        suggest: compute the settings that would make it fit (each by re-running the planner).
+        **constants: calibration constants of `PlanInputs` (logits_copies, fragmentation, cuda_context_gib,
+            vllm_profile_gib, vllm_cuda_graph_gib, vllm_nontorch_gib, vllm_sleep_residual_gib,
+            kv_cache_dtype_bytes, usable_fraction, margin).
+
+    Raises:
+        ValueError: unknown model (naming the fix), negative or zero sizes, inconsistent batch sizes.
+    """
+    unknown = set(constants) - {f.name for f in dataclasses.fields(PlanInputs)}
+    if unknown:
+        raise TypeError(f"plan_memory() got unexpected arguments {sorted(unknown)}.")
+    arch = resolve_architecture(model)
+    if per_device_train_batch_size is None:
+        per_device_train_batch_size = num_generations
+    if steps_per_generation is None:
+        steps_per_generation = gradient_accumulation_steps
+    if isinstance(lora_target_modules, list):
+        lora_target_modules = tuple(lora_target_modules)
+    inputs = PlanInputs(
+        arch=arch, use_peft=use_peft, lora_r=lora_r, lora_target_modules=lora_target_modules,
+        lora_dropout=lora_dropout, load_in_4bit=load_in_4bit, bnb_double_quant=bnb_double_quant,
+        weight_dtype=weight_dtype, bf16=bf16, optim=optim, num_generations=num_generations,
+        per_device_train_batch_size=per_device_train_batch_size,
+        gradient_accumulation_steps=gradient_accumulation_steps, steps_per_generation=steps_per_generation,
+        prompt_length=prompt_length, completion_length=completion_length,
+        gradient_checkpointing=gradient_checkpointing, use_liger_kernel=use_liger_kernel,
+        cast_lm_head_to_fp32=cast_lm_head_to_fp32, logprob_head=logprob_head, logps_chunk_size=logps_chunk_size,
+        beta=beta, num_iterations=num_iterations, use_vllm=use_vllm, vllm_mode=vllm_mode,
+        vllm_gpu_memory_utilization=vllm_gpu_memory_utilization, vllm_enable_sleep_mode=vllm_enable_sleep_mode,
+        vllm_max_model_length=vllm_max_model_length,
+        vllm_importance_sampling_correction=vllm_importance_sampling_correction,
+        vllm_enforce_eager=vllm_enforce_eager, gpu_memory_gib=gpu_memory_gib, **constants,
+    )
+    return plan_inputs(inputs, suggest=suggest)
+
+
+def plan_inputs(inputs: PlanInputs, *, suggest: bool = True) -> MemoryPlan:
+    """The plan for a `PlanInputs` (validated); with `suggest`, also the settings that would make it fit."""
+    _check_inputs(inputs)
+    plan = _compute(inputs)
+    if suggest:
+        plan.suggestions = suggest_fixes(inputs, plan)
+    return plan
+
+
+def plan_from_config(grpo_config, model_args=None, *, model=None, prompt_length: int | None = None,
+                     gpu_memory_gib: float = 40.0, suggest: bool = True, **constants: Any) -> MemoryPlan:
+    """Plan a run from the same `trl_groupx.GRPOConfig` (+ `trl.ModelConfig`) a recipe builds.
+
+    `model` overrides `model_args.model_name_or_path` (e.g. a local folder). TRL 1.16 has no `max_prompt_length`:
+    the prompt length is `prompt_length`, else `vllm_max_model_length - max_completion_length` when that is set,
+    else 512 (said so in the plan's notes). `logps_chunk_size` (chunked log-probs) is read when the config has it.
+    """
+    c, m = grpo_config, model_args
+    model = model or (m.model_name_or_path if m is not None else None)
+    if model is None:
+        raise ValueError("plan_from_config: no model; pass model_args with model_name_or_path, or model=...")
+    notes = []
+    if prompt_length is None:
+        if c.vllm_max_model_length:
+            prompt_length = max(c.vllm_max_model_length - c.max_completion_length, 0)
+        else:
+            prompt_length = 512
+            notes.append("prompt length assumed 512 tokens (TRL has no max_prompt_length; pass --plan_prompt_length).")
+    dtype = "bfloat16"
+    if m is not None and m.dtype not in (None, "auto"):
+        dtype = m.dtype
+    init_kwargs = getattr(c, "model_init_kwargs", None) or {}
+    if init_kwargs.get("dtype") not in (None, "auto"):
+        dtype = str(init_kwargs["dtype"]).replace("torch.", "")
+    plan = plan_memory(
+        model,
+        use_peft=bool(m.use_peft) if m is not None else False,
+        lora_r=m.lora_r if m is not None else 16,
+        lora_target_modules=m.lora_target_modules if m is not None else None,
+        lora_dropout=m.lora_dropout if m is not None else 0.0,
+        load_in_4bit=bool(m.load_in_4bit) if m is not None else False,
+        bnb_double_quant=bool(m.use_bnb_nested_quant) if m is not None else False,
+        weight_dtype=dtype,
+        bf16=bool(c.bf16),
+        optim=str(getattr(c.optim, "value", c.optim)),
+        num_generations=c.num_generations,
+        per_device_train_batch_size=c.per_device_train_batch_size,
+        gradient_accumulation_steps=c.gradient_accumulation_steps,
+        steps_per_generation=c.steps_per_generation,
+        prompt_length=prompt_length,
+        completion_length=c.max_completion_length,
+        gradient_checkpointing=bool(c.gradient_checkpointing),
+        use_liger_kernel=bool(c.use_liger_kernel),
+        cast_lm_head_to_fp32=bool(getattr(c, "cast_lm_head_to_fp32", False)),
+        logps_chunk_size=getattr(c, "logps_chunk_size", None),
+        beta=c.beta,
+        num_iterations=c.num_iterations,
+        use_vllm=bool(c.use_vllm),
+        vllm_mode=c.vllm_mode,
+        vllm_gpu_memory_utilization=c.vllm_gpu_memory_utilization,
+        vllm_enable_sleep_mode=bool(c.vllm_enable_sleep_mode),
+        vllm_max_model_length=c.vllm_max_model_length,
+        vllm_importance_sampling_correction=bool(c.vllm_importance_sampling_correction),
+        gpu_memory_gib=gpu_memory_gib,
+        suggest=suggest,
+        **constants,
+    )
+    plan.notes[:0] = notes
+    return plan
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# suggestions: every one is a re-run of the planner with the changed setting
+
+
+def _rerun(inputs: PlanInputs, **changes) -> MemoryPlan:
+    return _compute(dataclasses.replace(inputs, **changes))
+
+
+def _suggestion(description: str, inputs: PlanInputs, changes: dict[str, Any], detail: str = "") -> Suggestion:
+    p = _rerun(inputs, **changes)
+    if not detail and p.problems:
+        detail = p.problems[0]
+    return Suggestion(description, changes, p.peak, p.verdict, detail)
+
+
+def largest_vllm_utilization(inputs: PlanInputs, *, step: float = 0.01) -> tuple[float, MemoryPlan] | None:
+    """The largest `vllm_gpu_memory_utilization` (multiple of `step`) whose plan fits, and that plan."""
+    n = round(0.95 / step)
+    for k in range(n, 0, -1):
+        u = round(k * step, 6)
+        p = _rerun(inputs, vllm_gpu_memory_utilization=u)
+        if p.verdict == "fits":
+            return u, p
+    return None
+
+
+def _smaller_batches(inputs: PlanInputs) -> list[dict[str, Any]]:
+    """Smaller micro-batches that keep the generation batch and the optimizer batch (more accumulation)."""
+    b = inputs.per_device_train_batch_size
+    out = []
+    for nb in range(b - 1, 0, -1):
+        if b % nb:
+            continue
+        f = b // nb
+        out.append({"per_device_train_batch_size": nb,
+                    "gradient_accumulation_steps": inputs.gradient_accumulation_steps * f,
+                    "steps_per_generation": inputs.steps_per_generation * f})
+    return out
+
+
+def _single_changes(inputs: PlanInputs, plan: MemoryPlan) -> list[tuple[str, dict[str, Any]]]:
+    i = inputs
+    out: list[tuple[str, dict[str, Any]]] = []
+    colocate = i.use_vllm and i.vllm_mode == "colocate"
+    if colocate and not i.vllm_enable_sleep_mode:
+        out.append(("vllm_enable_sleep_mode=True", {"vllm_enable_sleep_mode": True}))
+    if i.use_peft and not i.load_in_4bit:
+        out.append(("load_in_4bit=True (QLoRA)", {"load_in_4bit": True}))
+    if not i.use_peft:
+        out.append(("use_peft=True (LoRA r=16, all-linear)", {"use_peft": True, "lora_r": 16,
+                                                               "lora_target_modules": ("all-linear",)}))
+    if not i.gradient_checkpointing:
+        out.append(("gradient_checkpointing=True", {"gradient_checkpointing": True}))
+    if not i.logps_chunk_size:
+        out.append(("logps_chunk_size=128 (chunked log-probs)", {"logps_chunk_size": 128}))
+    if not i.use_liger_kernel:
+        out.append(("use_liger_kernel=True", {"use_liger_kernel": True}))
+    return out
+
+
+def suggest_fixes(inputs: PlanInputs, plan: MemoryPlan | None = None) -> list[Suggestion]:
+    """Settings that would make the run fit (or use the GPU better), each computed by re-running the planner.
+
+    With colocated vLLM every suggestion comes at the largest `vllm_gpu_memory_utilization` that then fits; when
+    `vllm_max_model_length` is unset and the model's context is longer than prompt + completion, every suggestion
+    also sets it (otherwise vLLM reserves room for one full-context sequence).
+    """
+    plan = plan or _compute(inputs)
+    out: list[Suggestion] = []
+    colocate = inputs.use_vllm and inputs.vllm_mode == "colocate"
+    base: dict[str, Any] = {}
+    t = inputs.prompt_length + inputs.completion_length
+    if colocate and inputs.vllm_max_model_length is None and (plan.max_model_len or 0) > t:
+        base = {"vllm_max_model_length": t}
+    i = dataclasses.replace(inputs, **base)
+    suffix = f" (+ vllm_max_model_length={t})" if base else ""
+
+    def make(desc: str, changes: dict[str, Any]) -> Suggestion:
+        changes = {**base, **changes}
+        if not colocate:
+            return _suggestion(desc, inputs, changes)
+        best = largest_vllm_utilization(dataclasses.replace(inputs, **changes))
+        if best is None:
+            return _suggestion(desc + suffix, inputs, changes)
+        u, p = best
+        changes = {**changes, "vllm_gpu_memory_utilization": u}
+        detail = (f"vLLM KV cache {gib(p.vllm_kv_cache):.1f} GiB = {p.concurrent_sequences} full-length sequences "
+                  f"(generation batch {p.generation_batch})")
+        return Suggestion(f"{desc}{suffix}, vllm_gpu_memory_utilization={u:g}", changes, p.peak, p.verdict, detail)
+
+    if colocate:
+        s = make("largest vllm_gpu_memory_utilization that fits", {})
+        if "vllm_gpu_memory_utilization" not in s.changes:
+            s.description = "no vllm_gpu_memory_utilization fits with the other settings unchanged" + suffix
+        out.append(s)
+    if plan.fits:
+        return out
+
+    singles = _single_changes(i, plan)
+    for desc, changes in singles:
+        s = make(desc, changes)
+        if s.fits or s.peak < plan.peak or (plan.problems and s.verdict != "does not fit"):
+            out.append(s)  # a change that neither fits nor lowers the peak is not worth listing
+
+    batches = _smaller_batches(i)
+    for changes in batches:
+        s = make(_batch_desc(changes), changes)
+        if s.fits or changes is batches[-1]:
+            out.append(s)
+            break
+
+    if not any(s.fits for s in out):
+        combo = _greedy_combination(i, singles + [(_batch_desc(c), c) for c in batches])
+        if combo is not None:
+            combo.changes = {**base, **combo.changes}
+            combo.description += suffix
+            out.append(combo)
+    return out
+
+
+def _batch_desc(changes: dict[str, Any]) -> str:
+    return (f"per_device_train_batch_size={changes['per_device_train_batch_size']}, gradient_accumulation_steps="
+            f"{changes['gradient_accumulation_steps']}, steps_per_generation={changes['steps_per_generation']} "
+            f"(same generation and optimizer batch)")
+
+
+def _greedy_combination(inputs: PlanInputs, options: list[tuple[str, dict[str, Any]]]) -> Suggestion | None:
+    """Apply, one at a time, the change that lowers the peak most, until the plan fits (at most 4 changes)."""
+    colocate = inputs.use_vllm and inputs.vllm_mode == "colocate"
+    current, chosen, changes = inputs, [], {}
+    remaining = list(options)
+    for _ in range(4):
+        scored = []
+        for desc, ch in remaining:
+            if any(k in changes for k in ch if k not in ("gradient_accumulation_steps", "steps_per_generation")):
+                continue
+            trial = dataclasses.replace(current, **ch)
+            if colocate:
+                best = largest_vllm_utilization(trial)
+                p = best[1] if best else _compute(trial)
+                ch = {**ch, "vllm_gpu_memory_utilization": best[0]} if best else ch
+            else:
+                p = _compute(trial)
+            score = (p.verdict == "fits", -p.peak if p.verdict != "fits" else 0, -len(ch))
+            scored.append((score, desc, ch, p))
+        if not scored:
+            return None
+        scored.sort(key=lambda x: x[0], reverse=True)
+        _, desc, ch, p = scored[0]
+        chosen.append(desc)
+        changes.update(ch)
+        current = dataclasses.replace(current, **ch)
+        remaining = [(d, c) for d, c in remaining if d != desc]
+        if p.verdict == "fits":
+            u = changes.get("vllm_gpu_memory_utilization")
+            desc = "combined: " + " + ".join(chosen) + (f", vllm_gpu_memory_utilization={u:g}" if u else "")
+            return Suggestion(desc, changes, p.peak, p.verdict)
+    p = _compute(current)
+    return Suggestion("combined: " + " + ".join(chosen), changes, p.peak, p.verdict,
+                      "still does not fit: shorten max_completion_length or use a smaller model / bigger GPU")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# report
+
+
+def _setting_line(i: PlanInputs) -> str:
+    if i.use_peft:
+        mode = f"{'QLoRA (NF4' + (', double quant' if i.bnb_double_quant else '') + ')' if i.load_in_4bit else 'LoRA'}"
+        targets = ",".join(_targets(i.lora_target_modules))
+        targets = "all-linear" if set(_targets(i.lora_target_modules)) == set(ALL_LINEAR) else targets
+        mode += f" r={i.lora_r} on {targets}, {i.weight_dtype} base"
+    else:
+        mode = f"full fine-tuning in {i.weight_dtype}"
+    if i.use_vllm:
+        gen = f"vLLM {i.vllm_mode}"
+        if i.vllm_mode == "colocate":
+            gen += f", gpu_memory_utilization={i.vllm_gpu_memory_utilization:g}"
+            gen += ", sleep mode" if i.vllm_enable_sleep_mode else ""
+    else:
+        gen = "transformers generate()"
+    return (f"{mode}; G={i.num_generations}, B={i.per_device_train_batch_size} (x{i.gradient_accumulation_steps} "
+            f"accumulation, generation batch {i.per_device_train_batch_size * i.steps_per_generation}), prompt "
+            f"{i.prompt_length} + completion {i.completion_length} tokens; gradient checkpointing "
+            f"{'on' if i.gradient_checkpointing else 'off'}{', Liger' if i.use_liger_kernel else ''}"
+            f"{f', logps_chunk_size={i.logps_chunk_size}' if i.logps_chunk_size else ''}; log-prob head "
+            f"{i.logprob_head}; {gen}")
+
+
+def format_report(plan: MemoryPlan) -> str:
+    i, a = plan.inputs, plan.inputs.arch
+    lines = [
+        (f"Memory plan: {a.name} ({a.num_params / 1e9:.2f}B params, vocab {a.vocab_size:,}) on a "
+         f"{i.gpu_memory_gib:g} GiB GPU ({gib(plan.usable_bytes):.2f} GiB usable)"),
+        f"  {_setting_line(i)}",
+        "",
+        f"  {'term':<46}{'GiB':>9}",
+        f"  {'-' * 55}",
+    ]
+    for name, value in plan.breakdown():
+        lines.append(f"  {name:<46}{gib(value):>9.2f}")
+    lines.append(f"  {'-' * 55}")
+    lines.append(f"  {'training-step peak':<46}{gib(plan.train_peak):>9.2f}")
+    if plan.generation_peak:
+        lines.append(f"  {'generation peak':<46}{gib(plan.generation_peak):>9.2f}")
+    lines.append(f"  {'PEAK (' + plan.phase + ')':<46}{gib(plan.peak):>9.2f}")
+    lines.append("")
+    head = plan.headroom
+    if plan.verdict == "does not fit":
+        verdict = f"VERDICT: does not fit ({gib(-head):.2f} GiB over)" if head < 0 else "VERDICT: does not fit"
+    elif plan.verdict == "tight":
+        verdict = (f"VERDICT: tight: fits with {gib(head):.2f} GiB headroom, under the {i.margin:.0%} safety margin "
+                   f"(the model is ±10-15%)")
+    else:
+        verdict = f"VERDICT: fits, {gib(head):.2f} GiB headroom ({head / plan.usable_bytes:.0%})"
+    lines.append(verdict)
+    for p in plan.problems:
+        lines.append(f"  ! {p}")
+    for w in plan.warnings:
+        lines.append(f"  warning: {w}")
+    if plan.kv_tokens:
+        lines.append(f"  vLLM KV cache: {plan.kv_tokens:,} tokens ({plan.kv_bytes_per_token // 1024} KiB/token), "
+                     f"{plan.concurrent_sequences} full-length sequences; generation batch {plan.generation_batch}")
+    for n in plan.notes:
+        lines.append(f"  note: {n}")
+    if plan.suggestions:
+        lines.append("")
+        lines.append("Settings (each re-planned):")
+        for s in plan.suggestions:
+            mark = {"fits": "fits", "tight": "tight", "does not fit": "no"}[s.verdict]
+            lines.append(f"  [{mark:>5}] {s.description}: peak {gib(s.peak):.2f} GiB")
+            if s.detail:
+                lines.append(f"          {s.detail}")
+    return "\n".join(lines)
