@@ -12,6 +12,7 @@ from .dppo import dppo_kl_surrogate, dppo_tv_surrogate
 from .dual_clip import dual_clip_surrogate
 from .entropy_cov import clip_cov_surrogate, kl_cov_surrogate
 from .gmpo import gmpo_surrogate
+from .gvpo import gvpo_surrogate
 from .holderpo import holderpo_p, holderpo_surrogate
 from .kl import KL_ESTIMATORS, per_token_kl
 from .offpolicy_grpo import offpolicy_grpo_surrogate
@@ -35,6 +36,7 @@ __all__ = [
     "dppo_tv_surrogate",
     "dual_clip_surrogate",
     "gmpo_surrogate",
+    "gvpo_surrogate",
     "holderpo_p",
     "holderpo_surrogate",
     "kl_cov_surrogate",

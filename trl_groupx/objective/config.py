@@ -77,6 +77,10 @@ class ObjectiveArgs:
     > offpolicy_grpo
     offpolicy_grpo_lag (`int`, defaults to `10`): Off-policy GRPO: optimizer steps between two syncs of the rollout
         policy, `v` (paper: 10); requires `steps_per_generation = v × gradient_accumulation_steps`. 1 = on-policy.
+
+    > gvpo
+    gvpo_beta (`float`, defaults to `0.1`): GVPO: coefficient β of the implicit reward β·Σ_t log(π_θ/π_old) that is
+        regressed onto the group-centred rewards (paper and official script: 0.1); > 0. Not TRL's `beta` (KL penalty).
     """
 
     loss_aggregation: str | None = field(
@@ -127,3 +131,5 @@ class ObjectiveArgs:
     dhpo_seq_epsilon_high: float = field(default=4e-4, metadata={"help": "DHPO: sequence-branch upper clip width."})
     # offpolicy_grpo
     offpolicy_grpo_lag: int = field(default=10, metadata={"help": "Off-policy GRPO: optimizer steps per sync."})
+    # gvpo
+    gvpo_beta: float = field(default=0.1, metadata={"help": "GVPO: beta of the implicit reward beta*log(pi/pi_old)."})
