@@ -207,6 +207,10 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             token_adv = self._call(self.variants["token_weights"], advantages, ctx)
             output["advantages"] = token_adv[local, : output["completion_ids"].size(1)]
             seq_adv = (token_adv * ctx.completion_mask).sum(-1) / ctx.completion_mask.sum(-1).clamp(min=1)
+            real = ctx.completion_mask.bool()  # tokens the variant masked out (zero credit), among real tokens
+            self._metrics[mode]["groupx/token_zero_advantage_fraction"].append(
+                ((token_adv == 0) & real).sum().item() / max(1, real.sum().item())
+            )
         else:
             output["advantages"] = advantages[local]
             seq_adv = advantages
@@ -365,6 +369,11 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
 
         ctx = ObjectiveContext(logps, old_logps, advantages, mask, entropies.detach(), inputs.get("groupx_group_ids"))
         per_token_loss = self._call(objective, ctx)
+        mode = "train" if self.model.training else "eval"
+        if logps.requires_grad:  # diagnostic: tokens the surrogate passes no gradient to (clipped, capped, masked)
+            self._metrics[mode]["groupx/zero_gradient_token_fraction"].append(
+                self._zero_gradient_fraction(per_token_loss, logps, advantages, mask)
+            )
         if self.off_policy_mask_threshold is not None:
             per_token_loss = per_token_loss * self.get_off_policy_mask(
                 advantages=advantages, per_token_logps=logps,
@@ -375,7 +384,6 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             per_token_loss = per_token_loss * self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
         if self.use_vllm and self.vllm_importance_sampling_correction:
             per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
-        mode = "train" if self.model.training else "eval"
         if self.beta != 0.0:
             per_token_kl = per_token_kl_fn(logps, inputs["ref_per_token_logps"], self._kl_estimator)
             if self.args.use_bias_correction_kl:  # importance-weight the estimate, at TRL's ratio level
@@ -398,6 +406,14 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
         self._metrics[mode]["entropy"].append(self._global_masked_mean(entropies, mask))
         return loss
+
+    def _zero_gradient_fraction(self, per_token_loss, logps, advantages, mask) -> float:
+        """Share of the loss tokens with a non-zero advantage whose surrogate gradient w.r.t. their log-prob is 0
+        (the generic "clip fraction" of any objective). Differentiates the surrogate only, not the model."""
+        (grad,) = torch.autograd.grad((per_token_loss * mask).sum(), logps, retain_graph=True, allow_unused=True)
+        active = (mask > 0) & (advantages.expand_as(mask) != 0)
+        zero = active & ((grad == 0) if grad is not None else torch.ones_like(active))
+        return self._global_masked_mean(zero.float(), active.float())
 
     def _global_masked_mean(self, x: torch.Tensor, mask: torch.Tensor) -> float:
         totals = self.accelerator.reduce(torch.stack([(x * mask).sum(), mask.sum().float()]), reduction="sum")
