@@ -7,6 +7,7 @@ import pytest
 import torch
 import yaml
 
+import trl_groupx
 from tests.conftest import parity_reward
 from trl_groupx.rewards import APPLICATION_REWARDS
 from trl_groupx.script import build_trainer, make_parser, resolve_reward_funcs
@@ -28,6 +29,9 @@ TOY_OVERRIDES = {
 }
 
 
+NATIVE = {v.id: v for v in trl_groupx.list_variants() if v.native}
+
+
 def test_recipe_count():
     assert len(RECIPES) >= 4, [r.name for r in RECIPES]  # the recursive glob must see every recipe
 
@@ -43,10 +47,14 @@ def test_recipe_parses_and_trains_one_step(recipe, tmp_path, monkeypatch):
         ["--config", str(recipe), "--toy", "--output_dir", str(tmp_path), *CPU_OVERRIDES, *batch,
          *TOY_OVERRIDES.get(recipe.stem, [])]
     )
-    # application papers run plain GRPO: their recipe switches on the paper's registered reward instead of a variant
-    assert training_args.active_variants() or recipe.stem in APPLICATION_REWARDS, (
+    # application papers run plain GRPO: their recipe switches on the paper's registered reward instead of a variant;
+    # TRL's built-in presets are not dispatched by trl_groupx: their recipe sets the preset's registry flags
+    native = NATIVE.get(recipe.stem)
+    assert training_args.active_variants() or recipe.stem in APPLICATION_REWARDS or native, (
         f"{recipe.name} switches on no trl_groupx variant"
     )
+    if native:
+        assert all(getattr(training_args, k) == v for k, v in native.flags.items()), recipe.name
     if recipe.stem in APPLICATION_REWARDS:
         assert set(APPLICATION_REWARDS[recipe.stem]) & set(script_args.reward_funcs), recipe.name
     assert resolve_reward_funcs(script_args.reward_funcs, False)  # the recipe's own rewards resolve by name
