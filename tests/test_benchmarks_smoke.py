@@ -66,3 +66,12 @@ def test_overhead_cases_cover_the_registry(tmp_path):
     results = overhead.main(["--steps", "1", "--cases", "sign_adv", "--output-dir", str(tmp_path)])
     assert results["sign_adv"]["median_ratio"] > 0
     assert "| sign_adv |" in (tmp_path / "overhead.md").read_text()
+
+
+def test_gpu_memory_check_dry_run(tmp_path):
+    spec = importlib.util.spec_from_file_location("memory_check", BENCH / "gpu" / "memory_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    results = module.main(["--cpu-dry-run", "--output", str(tmp_path / "gpu.md")])
+    assert len(results) == 2 and all(r["plan"].train_peak > 0 for r in results)
+    assert "| tiny | 4 | 4 | 8 | 8 | on |" in (tmp_path / "gpu.md").read_text()
