@@ -14,7 +14,9 @@ Advantages (`advantage_estimator`)
     `fn(rewards: (N,) or (N, K), group_size: int, *, <config fields>) -> advantages (N,)`. `rewards` is the
     weighted sum of the reward functions (or the per-function matrix for multi-reward aggregators), gathered over
     all processes; NaN marks a rollout that no reward function scored. Contract: NaN rewards are excluded from
-    every group statistic and get advantage 0; the output is finite.
+    every group statistic and get advantage 0; the output is finite. A variant that also leaves rollouts out of the
+    update (MC-GRPO's median pivot) returns `(advantages, keep (N,) bool)`; the trainer masks them as it masks the
+    sampling stage's drops.
 
 Token weights (`token_weighting`)
     `fn(advantages: (N,), ctx: TokenContext, *, <config fields>) -> advantages (N, T)`. Values at padding

@@ -182,6 +182,7 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
         rewards = (rewards_per_func * weights).nansum(dim=1)
         rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
 
+        keep = None
         if "sampling" in self.variants:
             lengths = self.accelerator.gather(output["completion_mask"].sum(-1))
             keep = self._call(self.variants["sampling"], RolloutBatch(rewards, lengths, group_size))
@@ -191,6 +192,12 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             self._metrics[mode]["groupx/kept_fraction"].append(keep.float().mean().item())
 
         advantages = self.compute_advantages(rewards, rewards_per_func, group_size, output)
+        if isinstance(advantages, tuple):  # an advantage variant that also leaves rollouts out (MC-GRPO's pivot)
+            advantages, adv_keep = advantages
+            output["completion_mask"] = output["completion_mask"] * adv_keep[local, None].to(output["completion_mask"])
+            output["num_items_in_batch"] = self.accelerator.gather(output["completion_mask"].sum()).sum()
+            self._metrics[mode]["groupx/advantage_kept_fraction"].append(adv_keep.float().mean().item())
+            keep = adv_keep if keep is None else keep & adv_keep
         if self._steps is not None:  # per-step advantages (S,) -> this process's (B, T) advantages on the turns
             steps = self._steps
             mine = (steps.episode >= local.start) & (steps.episode < local.stop)
@@ -214,7 +221,7 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
         else:
             output["advantages"] = advantages[local]
             seq_adv = advantages
-        if "sampling" in self.variants:
+        if keep is not None:
             output["advantages"] = output["advantages"] * keep[local].view(-1, *[1] * (output["advantages"].dim() - 1))
 
         # TRL logged its own advantages for the completions table; show the ones that train instead.
@@ -227,8 +234,9 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
 
     def compute_advantages(
         self, rewards: torch.Tensor, rewards_per_func: torch.Tensor, group_size: int, output: dict[str, Any]
-    ) -> torch.Tensor:
-        """Global `(N,)` advantages: the selected advantage variant, else TRL's own numbers."""
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Global `(N,)` advantages: the selected advantage variant, else TRL's own numbers. A variant may also return
+        a `(N,)` bool keep mask (`(advantages, keep)`): the rollouts it leaves out get no loss tokens."""
         variant = self.variants.get("advantages")
         if variant is not None:
             source = rewards_per_func if "rewards_per_func" in variant.requires else rewards
@@ -238,10 +246,11 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             if "step_structure" in variant.requires:  # step records live on the CPU (built from Python lists)
                 extra["steps"] = self._steps
                 source = source.cpu()
-            advantages = self._call(variant, source, group_size, **extra)
+            result = self._call(variant, source, group_size, **extra)
+            advantages = result[0] if isinstance(result, tuple) else result
             if not torch.isfinite(advantages).all():
                 raise ValueError(f"advantage_estimator={variant.id!r} returned non-finite advantages.")
-            return advantages
+            return result
         if "sampling" in self.variants:  # rewards changed (dropped rollouts): recompute TRL's formula
             if self.multi_objective_aggregation == "normalize_then_sum":
                 return decoupled_normalized_advantages(rewards_per_func, group_size, reward_weights=self.reward_weights)

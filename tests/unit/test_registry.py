@@ -63,6 +63,9 @@ def test_dispatched_variant_contract(variant):
             assert out.shape == (2 * n,) and torch.isfinite(out).all() and (out[steps.episode == 3] == 0).all()
         else:
             out = variant.fn(rewards, g, **kwargs)
+            if isinstance(out, tuple):  # (advantages, keep): the variant also leaves rollouts out
+                out, keep = out
+                assert keep.shape == (n,) and keep.dtype == torch.bool
             assert out.shape == (n,) and torch.isfinite(out).all() and out[3] == 0
     elif variant.stage == "token_weights":
         logps = -torch.rand(n, t)

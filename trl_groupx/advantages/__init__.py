@@ -17,6 +17,7 @@ from .group_norm import TRL_STD_EPS, decoupled_normalized_advantages, group_norm
 from .grpo_passk import grpo_passk_advantages
 from .hgpo import hgpo_step_advantages
 from .mathforge_dgpo import mathforge_dgpo_advantages
+from .mc_grpo import mc_grpo_advantages
 from .mdp_grpo import mdp_grpo_advantages
 from .mo_grpo import mo_grpo_advantages
 from .opo import opo_advantages
@@ -30,6 +31,7 @@ from .two_grpo import two_grpo_advantages
 
 __all__ = [
     "TRL_STD_EPS",
+    "mc_grpo_advantages",
     "agentflow_step_advantages",
     "gigpo_step_advantages",
     "hgpo_step_advantages",

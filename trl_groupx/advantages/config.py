@@ -34,6 +34,10 @@ class AdvantageArgs:
         signs is dropped when its consensus ratio `|Σ_k z_k| / Σ_k |z_k|` is below this; in `[0, 1]`, 1.0 drops every
         sign conflict (official "hard" estimator), 0.8 is the official "snr" script, 0 keeps all.
 
+    > mc_grpo
+    mc_grpo_scale (`str`, defaults to `"mad"`): MC-GRPO: divide `r − median` by the group's median absolute
+        deviation + 1e-3 (`"mad"`, the official code) or not (`"none"`); with binary rewards MAD is 0, see the docstring.
+
     > dvao
     dvao_variance_power (`float`, defaults to `2.0`): DVAO: per-group weight of reward `k` is `∝ c_k σ_gk^p` with
         `σ_gk` its within-group std; 2.0 weights by variance (the abstract's word), 1.0 by std. Must be > 0.
@@ -121,6 +125,9 @@ class AdvantageArgs:
         default=0.8, metadata={"help": "GD2PO: drop sign-conflicting rollouts whose consensus ratio is below this."}
     )
     # dvao
+    mc_grpo_scale: str = field(
+        default="mad", metadata={"help": "MC-GRPO: 'mad' (divide by MAD + 1e-3, official code) or 'none'."}
+    )
     dvao_variance_power: float = field(
         default=2.0, metadata={"help": "DVAO: per-group reward weights proportional to within-group std**p."}
     )
