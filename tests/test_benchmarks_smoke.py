@@ -75,3 +75,14 @@ def test_gpu_memory_check_dry_run(tmp_path):
     results = module.main(["--cpu-dry-run", "--output", str(tmp_path / "gpu.md")])
     assert len(results) == 2 and all(r["plan"].train_peak > 0 for r in results)
     assert "| tiny | 4 | 4 | 8 | 8 | on |" in (tmp_path / "gpu.md").read_text()
+
+
+def test_prefix_grouper_benchmark_writes_a_ratio_table(tmp_path):
+    out = tmp_path / "prefix_grouper.md"
+    rows = _load("prefix_grouper").main(
+        ["--prompt-len", "16", "--completion-len", "4", "--hidden", "32", "--layers", "1", "--repeats", "1",
+         "--rounds", "1", "--in-process", "--output", str(out)]
+    )
+    assert [r["case"] for r in rows] == ["trl", "prefix_grouper"]
+    assert abs(rows[0]["loss"] - rows[1]["loss"]) < 1e-5  # same computation
+    assert "| prefix_grouper |" in out.read_text()

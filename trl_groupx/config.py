@@ -14,6 +14,7 @@ import trl
 
 from .advantages.config import AdvantageArgs
 from .memory.chunked_logps import ChunkedLogpsArgs
+from .memory.prefix_grouper import PrefixGrouperArgs
 from .objective import AGGREGATIONS, KL_ESTIMATORS, TRL_LOSS_AGGREGATION, TRL_REFERENCE_SURROGATE, resolved_aggregation
 from .objective.config import ObjectiveArgs
 from .registry import SELECTORS, dispatchable_ids, get_variant, list_variants
@@ -24,7 +25,9 @@ TRL_LOSS_TYPES: tuple[str, ...] = tuple(TRL_LOSS_AGGREGATION)
 
 
 @dataclass
-class GRPOConfig(SamplingArgs, AdvantageArgs, TokenWeightArgs, ObjectiveArgs, ChunkedLogpsArgs, trl.GRPOConfig):
+class GRPOConfig(
+    SamplingArgs, AdvantageArgs, TokenWeightArgs, ObjectiveArgs, ChunkedLogpsArgs, PrefixGrouperArgs, trl.GRPOConfig
+):
     r"""Configuration for `trl_groupx.GRPOTrainer`: every argument of
     [`trl.GRPOConfig`](https://huggingface.co/docs/trl/grpo_trainer), plus one selector per stage and the variants'
     hyper-parameters, defined (and documented) with their stage:
@@ -35,6 +38,7 @@ class GRPOConfig(SamplingArgs, AdvantageArgs, TokenWeightArgs, ObjectiveArgs, Ch
     - `trl_groupx.objective.config.ObjectiveArgs`: `loss_aggregation`, `gmpo_clip`; the selector is TRL's
       `loss_type`, extended with this package's objectives.
     - `trl_groupx.memory.chunked_logps.ChunkedLogpsArgs`: `logps_chunk_size` (chunked log-probs; not a variant).
+    - `trl_groupx.memory.prefix_grouper.PrefixGrouperArgs`: `prefix_grouper` (shared-prefix forward; not a variant).
 
     Set a stage's selector to a variant id (`trl-groupx list`). Each hyper-parameter belongs to one variant;
     setting it while that variant is off is an error.

@@ -22,9 +22,17 @@ Token weights (`token_weighting`)
     `fn(advantages: (N,), ctx: TokenContext, *, <config fields>) -> advantages (N, T)`. Values at padding
     positions are ignored by the loss but must be finite; statistics must never read them.
 
+A variant that reads particular columns of the reward matrix names them with config fields ending in
+`_reward_index` (listed in its `params`); the trainer checks at construction that each points at one of its
+reward functions.
+
 Variants may also declare (in `requires`) inputs that the trainer passes as keyword arguments:
 `completion_lengths` (N,) for advantage variants, and `global_step`, `total_steps` (optimizer steps done and
 planned) for schedules in any stage.
+
+`prompt_keys` (N,) int64 for advantage variants that keep per-prompt state across steps (SPO's value tracker): a
+stable 63-bit BLAKE2b hash of each rollout's unpadded prompt token ids (`trl_groupx.advantages._prompt_keys`),
+gathered in global order like the rewards, identical on every process and across runs (not Python's salted hash).
 
 Multi-turn step credit (`requires=("step_structure",)`, advantage variants)
     `fn(rewards: (N,), group_size: int, steps: StepBatch, *, <config fields>) -> per-step advantages (S,)`.
@@ -85,6 +93,8 @@ class TokenContext:
         ref_logps (`torch.Tensor` or `None`): same under the reference model (only when `beta != 0`).
         completion_ids (`torch.Tensor` or `None`): the sampled token ids.
         rewards (`torch.Tensor` or `None`): `(N,)` rewards behind the advantages.
+        sum_pi_squared (`torch.Tensor` or `None`): `Σ_v π_v²` of the rollout policy's next-token distribution at each
+            position (temperature-scaled, detached, 0 on padding); only for variants that require `"sum_pi_squared"`.
     """
 
     completion_mask: torch.Tensor
@@ -94,6 +104,7 @@ class TokenContext:
     ref_logps: torch.Tensor | None = None
     completion_ids: torch.Tensor | None = None
     rewards: torch.Tensor | None = None
+    sum_pi_squared: torch.Tensor | None = None
 
 
 @dataclass
@@ -119,7 +130,7 @@ class ObjectiveContext:
 
 
 # Keyword-only arguments the trainer supplies itself (see `requires` in registry.py), not read from the config.
-TRAINER_SUPPLIED = frozenset({"state", "completion_lengths", "global_step", "total_steps", "steps"})
+TRAINER_SUPPLIED = frozenset({"state", "completion_lengths", "global_step", "total_steps", "steps", "prompt_keys"})
 
 
 def config_kwargs(fn: Callable[..., Any], config: Any) -> dict[str, Any]:

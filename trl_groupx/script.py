@@ -140,6 +140,9 @@ def build_trainer(script_args, training_args, model_args):
     rewards = [arithmetic_reward] if script_args.toy else resolve_reward_funcs(
         script_args.reward_funcs, script_args.allow_reward_imports
     )
+    if script_args.toy:  # rewards written for the toy task itself (`toy_task`, e.g. a rule-based PRM) are kept
+        registered = _reward_funcs()
+        rewards += [registered[n] for n in script_args.reward_funcs[1:] if getattr(registered.get(n), "toy_task", 0)]
     rewards = _bind_rewards(rewards, training_args)
     if model_args.dtype not in (None, "auto") and training_args.model_init_kwargs is None:
         training_args.model_init_kwargs = {"dtype": model_args.dtype}

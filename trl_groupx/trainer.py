@@ -69,6 +69,14 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
         active = self.args.active_variants() if isinstance(self.args, GRPOConfig) else {}
         self.variants: dict[str, Variant] = {stage: get_variant(vid) for stage, vid in active.items()}
         self._rewrites_rollouts = bool({"sampling", "advantages", "token_weights"} & self.variants.keys())
+        for variant in self.variants.values():  # variants that read named columns of the reward matrix
+            for name in (p for p in variant.params if p.endswith("_reward_index")):
+                if not 0 <= getattr(self.args, name) < len(self.reward_funcs):
+                    raise ValueError(
+                        f"{variant.selector}={variant.id!r} reads reward_funcs[{name}] with {name}="
+                        f"{getattr(self.args, name)}, but the trainer was given {len(self.reward_funcs)} reward "
+                        f"function(s): pass the missing one (see the variant's docstring) or change {name}."
+                    )
         token_variant = self.variants.get("token_weights")
         if token_variant and "ref_logps" in token_variant.requires and self.beta == 0.0:
             if not is_peft_model(self.model):
@@ -112,6 +120,10 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
+        if "dapo_dynamic_sampling" in self.variant_state and self.model.training:  # DAPO: refill with new prompts
+            from .sampling.dapo_dynamic_sampling import refill_generation_batch
+
+            inputs, output = refill_generation_batch(self, inputs, output, super()._generate_and_score_completions)
         if self._rewrites_rollouts:
             self._steps = self._collect_steps(inputs) if self._needs_steps else None
             output = self.apply_rollout_stages(output)
@@ -243,6 +255,11 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             extra = {}
             if "completion_lengths" in variant.requires:
                 extra["completion_lengths"] = self.accelerator.gather(output["completion_mask"].sum(-1)).float()
+            if "prompt_keys" in variant.requires:  # stable per-prompt hash (global order) for per-prompt state
+                from .advantages._prompt_keys import prompt_keys_from_ids
+
+                extra["prompt_keys"] = prompt_keys_from_ids(
+                    self._gather_padded(output["prompt_ids"]), self._gather_padded(output["prompt_mask"]))
             if "step_structure" in variant.requires:  # step records live on the CPU (built from Python lists)
                 extra["steps"] = self._steps
                 source = source.cpu()
@@ -260,8 +277,11 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
     def _token_context(self, output: dict[str, Any], rewards: torch.Tensor, group_size: int) -> TokenContext:
         """Global `(N, T_max)` per-token inputs for the token-weight stage (padded across processes)."""
         requires = self.variants["token_weights"].requires
-        logps = entropies = None
-        if "entropies" in requires or "old_logps" in requires:
+        logps = entropies = sum_pi_squared = None
+        if "sum_pi_squared" in requires:  # needs the full logits: one forward gives all three
+            logps, entropies, sum_pi_squared = self._rollout_logps(
+                output, self.model, compute_entropy=True, compute_sum_pi_squared=True)
+        elif "entropies" in requires or "old_logps" in requires:
             logps, entropies = self._rollout_logps(output, self.model, compute_entropy=True)
         ref = output.get("ref_per_token_logps")
         if ref is None and "ref_logps" in requires:  # beta = 0 with LoRA: the base model is the reference
@@ -276,12 +296,25 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             ref_logps=self._gather_padded(ref),
             completion_ids=self._gather_padded(output["completion_ids"]),
             rewards=rewards,
+            sum_pi_squared=self._gather_padded(sum_pi_squared),
         )
 
-    def _rollout_logps(self, output: dict[str, Any], model, compute_entropy: bool):
-        """No-grad per-token log-probs (and entropies) of the generated completions under `model`."""
+    def _rollout_logps(
+        self, output: dict[str, Any], model, compute_entropy: bool, compute_sum_pi_squared: bool = False
+    ):
+        """No-grad per-token log-probs (and entropies) of the generated completions under `model`. With
+        `compute_sum_pi_squared`, returns `(logps, entropies, Σ_v π_v²)` from the model's full logits instead
+        (`token_weights/sum_pi_squared.py`; TRL's fused LM head returns no Σπ²)."""
         input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
         attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        if compute_sum_pi_squared:
+            from .token_weights.sum_pi_squared import per_token_logps_entropies_sum_pi_squared
+
+            return per_token_logps_entropies_sum_pi_squared(
+                model, input_ids, attention_mask, output["completion_ids"].size(1), temperature=self.temperature,
+                batch_size=self.args.per_device_train_batch_size, autocast=self.accelerator.autocast,
+                **{k: output[k] for k in _FORWARD_KEYS if k in output},
+            )
         with torch.no_grad():
             logps, entropies, _ = self._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, output["completion_ids"].size(1),
@@ -335,6 +368,13 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
     ):
         """TRL's method, unless `logps_chunk_size` is set: then the LM head runs on `logps_chunk_size` completion
         tokens at a time under activation checkpointing (`trl_groupx/memory/chunked_logps.py`), same outputs."""
+        if getattr(self.args, "prefix_grouper", False):  # shared-prefix forward (memory/prefix_grouper.py)
+            from .memory.prefix_grouper import prefix_grouped_logps_and_entropies
+
+            return prefix_grouped_logps_and_entropies(
+                self, model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
+                compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **multimodal,
+            )
         if getattr(self.args, "logps_chunk_size", None) is None:
             return super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,

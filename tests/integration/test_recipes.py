@@ -26,6 +26,7 @@ TOY_OVERRIDES = {
     "gtpo_conflict": ["--gtpo_conflict_entropy_max", "10.0"],  # toy entropies ~2.3 nats: 0.7 would drop everything
     "lopti": ["--temperature", "1.0"],  # at 0.7 the toy model's groups are all-equal: nothing to learn in one step
     "edge_grpo": ["--temperature", "1.0"],  # same, at 0.6
+    "thinkless": ["--temperature", "1.0"],  # same, at 0.6
 }
 
 
@@ -34,6 +35,11 @@ NATIVE = {v.id: v for v in trl_groupx.list_variants() if v.native}
 
 def test_recipe_count():
     assert len(RECIPES) >= 4, [r.name for r in RECIPES]  # the recursive glob must see every recipe
+
+
+def test_every_registered_variant_has_a_recipe():
+    names = {r.stem for r in RECIPES}
+    assert [v.id for v in trl_groupx.list_variants() if v.id not in names] == []
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)

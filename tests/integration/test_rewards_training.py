@@ -21,6 +21,7 @@ def reward_dataset(n: int = 16) -> Dataset:
             "prompt": row["prompt"],
             "solution": row["answer"] if i != 3 else None,   # one missing gold: the reward gives None → NaN
             "reference": row["answer"],
+            "answer": row["answer"],
             "label": row["answer"],
             "forbidden_concepts": ["7"],
             "paraphrase_id": i // 2,

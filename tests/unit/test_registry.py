@@ -54,6 +54,8 @@ def test_dispatched_variant_contract(variant):
     if variant.stage == "advantages":
         if "completion_lengths" in variant.requires:
             kwargs["completion_lengths"] = mask.sum(-1)
+        if "prompt_keys" in variant.requires:  # as the trainer fills: one key per prompt, shared by its group
+            kwargs["prompt_keys"] = torch.arange(n) // g
         if "step_structure" in variant.requires:  # per-step output: two turns per episode, a shared first state
             from trl_groupx.advantages.step_credit import StepBatch
 
@@ -71,6 +73,8 @@ def test_dispatched_variant_contract(variant):
         logps = -torch.rand(n, t)
         ctx = TokenContext(mask, g, entropies=torch.rand(n, t) * 2, logps=logps, ref_logps=logps - 0.1 * torch.rand(n, t),
                            rewards=rewards, completion_ids=torch.randint(0, 5, (n, t)))  # the trainer always fills ids
+        if "sum_pi_squared" in variant.requires:  # filled by the trainer only for variants that require it
+            ctx.sum_pi_squared = logps.exp() ** 2 + 0.1 * torch.rand(n, t)
         out = variant.fn(torch.zeros(n), ctx, **kwargs)
         assert out.shape == (n, t) and torch.isfinite(out).all() and (out[mask == 0] == 0).all()
     elif variant.stage == "objective":

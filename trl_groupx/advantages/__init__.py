@@ -21,6 +21,7 @@ from .mc_grpo import mc_grpo_advantages
 from .mdp_grpo import mdp_grpo_advantages
 from .mo_grpo import mo_grpo_advantages
 from .opo import opo_advantages
+from .papo import papo_advantages
 from .reinforce_pp import reinforce_pp_advantages
 from .reinforce_pp_baseline import reinforce_pp_baseline_advantages
 from .rloo import rloo_advantages
@@ -28,6 +29,7 @@ from .sign import sign_advantages
 from .softmax_grpo import softmax_grpo_advantages
 from .std_dial import std_dial_advantages
 from .two_grpo import two_grpo_advantages
+from .verigate import verigate_advantages
 
 __all__ = [
     "TRL_STD_EPS",
@@ -48,6 +50,7 @@ __all__ = [
     "mdp_grpo_advantages",
     "mo_grpo_advantages",
     "opo_advantages",
+    "papo_advantages",
     "reinforce_pp_advantages",
     "reinforce_pp_baseline_advantages",
     "rloo_advantages",
@@ -55,4 +58,5 @@ __all__ = [
     "softmax_grpo_advantages",
     "std_dial_advantages",
     "two_grpo_advantages",
+    "verigate_advantages",
 ]

@@ -47,6 +47,15 @@ class AdvantageArgs:
         reward std (+1e-4; the running global std when the batch has no spread) (`"batch"`, the paper's
         batch-level normalisation) or not at all (`"none"`).
 
+    > spo_single
+    spo_single_rho (`float`, defaults to `0.875`): SPO: forgetting factor ρ of the per-prompt tracker,
+        `α ← ρα + Σr`, `β ← ρβ + Σ(1−r)` once per visit, in [0, 1] (official constant-ρ value and the lower clip of
+        its KL-adaptive rule; the adaptive ρ needs past-visit log-probs the advantage stage does not have).
+    spo_single_init (`str`, defaults to `"prior"`): SPO: a new prompt starts at `α = β = 0.5` (`"prior"`, official
+        offline_N=0) or from its first group with the official offline formula (`"first_group"`).
+    spo_single_batch_norm (`bool`, defaults to `True`): SPO: normalise `r − v̂(x)` over the batch,
+        `(A − mean)/(std + 1e-8)` (official), or return it raw.
+
     > mdp_grpo
     mdp_grpo_alpha (`float`, defaults to `0.2`): MDP-GRPO: weight α of the goal anchor in
         `A = (1−α)·PT(z) + α·PT(δ)`, in [0, 1] (official scripts 0.2).
@@ -67,6 +76,21 @@ class AdvantageArgs:
         resampling loop itself is not provided). In (0, 1].
     gpg_valid_rescale_scale_rewards (`bool`, defaults to `False`): GPG: also divide by the group std + 1e-4
         (official `--scale_rewards`, off in the official scripts).
+
+    > papo (reads two reward functions: `reward_funcs[papo_outcome_reward_index]` the outcome verifier,
+    `reward_funcs[papo_process_reward_index]` the process reward model / judge; at least two are required)
+    papo_outcome_reward_index (`int`, defaults to `0`): PAPO: position of the outcome verifier in `reward_funcs`.
+    papo_process_reward_index (`int`, defaults to `1`): PAPO: position of the process reward model (rubric judge)
+        in `reward_funcs`; must differ from the outcome index.
+    papo_process_weight (`float`, defaults to `1.0`): PAPO: λ ≥ 0 in `A = A_out + λ·A_proc` (official 1.0; 0.6 in
+        the Qwen2.5-7B script; 0 is plain GRPO).
+    papo_correct_threshold (`float`, defaults to `1.0`): PAPO: a response is correct (enters the process
+        normalisation) when its outcome reward is ≥ this (official: `== 1.0` for a 0/1 verifier).
+
+    > verigate (reads two reward functions, like papo: the verifier and the process reward model)
+    verigate_outcome_reward_index (`int`, defaults to `0`): VeriGate: position of the verifier in `reward_funcs`.
+    verigate_process_reward_index (`int`, defaults to `1`): VeriGate: position of the process reward model in
+        `reward_funcs`, read only in groups whose verifier rewards are all equal; must differ from the verifier's.
 
     > agentflow, gigpo, hgpo (multi-turn step credit; per-step data from the rollout, see `advantages/step_credit.py`)
     agentflow_episode_stats (`str`, defaults to `"trajectory"`): Flow-GRPO: group statistics over episodes
@@ -135,6 +159,16 @@ class AdvantageArgs:
     ebpo_scale_rewards: str = field(
         default="batch", metadata={"help": "EBPO: 'batch' (divide by the batch reward std) or 'none'."}
     )
+    # spo_single
+    spo_single_rho: float = field(
+        default=0.875, metadata={"help": "SPO: tracker forgetting factor rho in [0, 1] (official constant 0.875)."}
+    )
+    spo_single_init: str = field(
+        default="prior", metadata={"help": "SPO: new prompts start at alpha=beta=0.5 ('prior') or 'first_group'."}
+    )
+    spo_single_batch_norm: bool = field(
+        default=True, metadata={"help": "SPO: normalise r - v_hat over the batch, (A - mean)/(std + 1e-8)."}
+    )
     # mdp_grpo
     mdp_grpo_alpha: float = field(default=0.2, metadata={"help": "MDP-GRPO: goal-anchor weight alpha (0.2)."})
     mdp_grpo_num_constraints: float = field(
@@ -175,4 +209,22 @@ class AdvantageArgs:
     hgpo_base_group: bool = field(default=False, metadata={"help": "HGPO: add the episode level as k = 0."})
     hgpo_episode_stats: str = field(
         default="steps", metadata={"help": "HGPO: base-group stats over 'steps' (code) or 'trajectory'."}
+    )
+    # papo
+    papo_outcome_reward_index: int = field(
+        default=0, metadata={"help": "PAPO: position of the outcome verifier in reward_funcs (0)."}
+    )
+    papo_process_reward_index: int = field(
+        default=1, metadata={"help": "PAPO: position of the process reward model / judge in reward_funcs (1)."}
+    )
+    papo_process_weight: float = field(default=1.0, metadata={"help": "PAPO: lambda in A_out + lambda*A_proc (1.0)."})
+    papo_correct_threshold: float = field(
+        default=1.0, metadata={"help": "PAPO: correct = outcome reward >= this (1.0 for a 0/1 verifier)."}
+    )
+    # verigate
+    verigate_outcome_reward_index: int = field(
+        default=0, metadata={"help": "VeriGate: position of the verifier in reward_funcs (0)."}
+    )
+    verigate_process_reward_index: int = field(
+        default=1, metadata={"help": "VeriGate: position of the process reward model in reward_funcs (1)."}
     )

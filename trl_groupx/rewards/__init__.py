@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from .arithmetic_prm import arithmetic_prefix_prm
 from .consistency_grpo import StabilityReward, stability_reward
 from .ctde_marl import JointTeamReward, joint_team_reward
 from .curriculum_length import CurriculumLengthReward, budget_schedule, curriculum_length_reward
@@ -65,6 +66,7 @@ REWARD_FUNCS: dict[str, Callable[..., list[float | None]]] = {
     "structured_sections_reward": structured_sections_reward,
     "joint_team_reward": joint_team_reward,
     "ton_format_reward": ton_format_reward,
+    "arithmetic_prefix_prm": arithmetic_prefix_prm,
 }
 
 
@@ -89,6 +91,7 @@ __all__ = [
     "TagFormatReward",
     "WERReward",
     "answer_accuracy_reward",
+    "arithmetic_prefix_prm",
     "bind_training_args",
     "budget_schedule",
     "curriculum_length_reward",

@@ -28,3 +28,4 @@ def apply_keep_mask(rewards: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 __all__ = ["RolloutBatch", "apply_keep_mask"]
 
 from . import d3s, gfpo, zero_variance_filter  # noqa: F401  (registers the variants)
+from . import dapo_dynamic_sampling  # noqa: F401  (registers the variant)

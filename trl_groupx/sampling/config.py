@@ -23,6 +23,10 @@ class SamplingArgs:
         D³S sample level: fraction of each group kept at step 0 (aggressive down-sampling early; our choice).
     d3s_keep_end (`float`, *optional*, defaults to `1.0`):
         D³S sample level: fraction kept at the last step (linear schedule; 1.0 ends at plain GRPO; our choice).
+    dapo_max_gen_batches (`int`, *optional*, defaults to `10`):
+        DAPO dynamic sampling: most generation batches per training batch (the first included) while refilling
+        zero-variance groups; 0 = no cap (verl's `max_num_gen_batches`, DAPO script: 10). When reached, the missing
+        groups are zero-variance ones, masked out (verl raises instead).
     """
 
     rollout_filter: str | None = field(
@@ -39,3 +43,6 @@ class SamplingArgs:
     )
     d3s_keep_start: float = field(default=0.5, metadata={"help": "D3S: fraction of each group kept at step 0."})
     d3s_keep_end: float = field(default=1.0, metadata={"help": "D3S: fraction of each group kept at the last step."})
+    dapo_max_gen_batches: int = field(
+        default=10, metadata={"help": "DAPO dynamic sampling: max generation batches per training batch (0 = no cap)."}
+    )

@@ -14,6 +14,7 @@ from .hapo import hapo_token_advantages
 from .lopti import lopti_token_advantages
 from .mu_grpo import mu_grpo_token_advantages
 from .nat import nat_token_advantages
+from .otb import otb_token_advantages
 from .stapo import stapo_token_advantages
 from .frpo import frpo_token_advantages
 from .wapo import wapo_token_advantages
@@ -32,4 +33,5 @@ __all__ = [
     "d3s_token_advantages",
     "temporal_credit_token_advantages",
     "nat_token_advantages",
+    "otb_token_advantages",
 ]

@@ -93,6 +93,11 @@ class TokenWeightArgs:
     nat_keep_prob (`float`, defaults to `0.5`): URS inclusion probability q (paper: as few as 50 % of tokens).
     nat_rpc_min_fraction (`float`, defaults to `0.0`): RPC: the kept prefix length is uniform on
         `{max(1, ⌈c·L⌉), …, L}` (our parametrisation; 0 keeps about half the tokens, 1 keeps all).
+
+    > otb
+    otb_handle_zero_tail (`bool`, defaults to `False`): verl's `handle_zero_tail`: when one completion of a group is
+        strictly the longest, its baseline is 0 beyond the second-longest length (else ≈ its own reward, so ≈ 0
+        advantage on that tail).
     """
 
     token_weighting: str | None = field(
@@ -174,4 +179,8 @@ class TokenWeightArgs:
     nat_keep_prob: float = field(default=0.5, metadata={"help": "NAT URS: inclusion probability q."})
     nat_rpc_min_fraction: float = field(
         default=0.0, metadata={"help": "NAT RPC: smallest kept prefix fraction c (prefix length uniform on [cL, L])."}
+    )
+    # otb
+    otb_handle_zero_tail: bool = field(
+        default=False, metadata={"help": "OTB: zero the baseline on the unique longest completion's lone tail."}
     )
