@@ -60,6 +60,8 @@ def estimator_calls(num_rewards: int = 2):
                 extra["state"] = {}
             if "completion_lengths" in variant.requires:
                 extra["completion_lengths"] = lengths
+            if "prompt_keys" in variant.requires:  # one key per group, as the trainer's prompt hashes give
+                extra["prompt_keys"] = torch.arange(r.numel()) // g
             if "global_step" in variant.requires:
                 extra.update(global_step=0, total_steps=1)
             if "step_structure" in variant.requires:

@@ -27,6 +27,7 @@ from .reinforce_pp_baseline import reinforce_pp_baseline_advantages
 from .rloo import rloo_advantages
 from .sign import sign_advantages
 from .softmax_grpo import softmax_grpo_advantages
+from .spo_single import spo_single_advantages
 from .std_dial import std_dial_advantages
 from .two_grpo import two_grpo_advantages
 from .verigate import verigate_advantages
@@ -56,6 +57,7 @@ __all__ = [
     "rloo_advantages",
     "sign_advantages",
     "softmax_grpo_advantages",
+    "spo_single_advantages",
     "std_dial_advantages",
     "two_grpo_advantages",
     "verigate_advantages",
