@@ -60,12 +60,16 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
         # rewards with a `bind(args)` method (trl_groupx.rewards) take their settings from this run's config
         self.reward_funcs = [f.bind(self.args) if callable(getattr(f, "bind", None)) else f for f in self.reward_funcs]
         self.reward_funcs = wrap_reward_funcs(self.reward_funcs, self.reward_func_names)
+        inner = self.accelerator.unwrap_model(self.model)
+        inner = inner.get_base_model() if is_peft_model(inner) else inner
         if getattr(self.args, "logps_chunk_size", None) is not None:  # refuse unsupported models now, not mid-run
-            from .memory.chunked_logps import check_supported
+            from .memory.chunked_logps import check_supported as check_chunked
 
-            inner = self.accelerator.unwrap_model(self.model)
-            check_supported(inner.get_base_model() if is_peft_model(inner) else inner,
-                            compute_aux_loss=self.aux_loss_enabled)
+            check_chunked(inner, compute_aux_loss=self.aux_loss_enabled)
+        if getattr(self.args, "prefix_grouper", False):
+            from .memory.prefix_grouper import check_supported as check_prefix
+
+            check_prefix(inner, compute_aux_loss=self.aux_loss_enabled)
         active = self.args.active_variants() if isinstance(self.args, GRPOConfig) else {}
         self.variants: dict[str, Variant] = {stage: get_variant(vid) for stage, vid in active.items()}
         self._rewrites_rollouts = bool({"sampling", "advantages", "token_weights"} & self.variants.keys())

@@ -13,11 +13,13 @@ from .dual_clip import dual_clip_surrogate
 from .entropy_cov import clip_cov_surrogate, kl_cov_surrogate
 from .gmpo import gmpo_surrogate
 from .gvpo import gvpo_surrogate
+from .hapo_clip import hapo_clip_bounds, hapo_clip_surrogate
 from .holderpo import holderpo_p, holderpo_surrogate
 from .kl import KL_ESTIMATORS, per_token_kl
 from .offpolicy_grpo import offpolicy_grpo_surrogate
 from .reinforce import reinforce_surrogate
 from .surrogates import TRL_REFERENCE_SURROGATE, cispo_surrogate, clipped_surrogate, log_ratio, sapo_surrogate
+from .thinkless import thinkless_surrogate
 
 __all__ = [
     "AGGREGATIONS",
@@ -37,6 +39,8 @@ __all__ = [
     "dual_clip_surrogate",
     "gmpo_surrogate",
     "gvpo_surrogate",
+    "hapo_clip_bounds",
+    "hapo_clip_surrogate",
     "holderpo_p",
     "holderpo_surrogate",
     "kl_cov_surrogate",
@@ -46,4 +50,5 @@ __all__ = [
     "reinforce_surrogate",
     "resolved_aggregation",
     "sapo_surrogate",
+    "thinkless_surrogate",
 ]

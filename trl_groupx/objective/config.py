@@ -81,6 +81,22 @@ class ObjectiveArgs:
     > gvpo
     gvpo_beta (`float`, defaults to `0.1`): GVPO: coefficient β of the implicit reward β·Σ_t log(π_θ/π_old) that is
         regressed onto the group-centred rewards (paper and official script: 0.1); > 0. Not TRL's `beta` (KL penalty).
+
+    > thinkless
+    thinkless_alpha (`float`, defaults to `0.001`): Thinkless/DeGRPO: weight α of the control-token loss (completion
+        position 0) against the response loss (official `thinkless_alpha`); the normalisation follows
+        `loss_aggregation` (`sequence_mean`: paper, `token_mean`: official code per micro-batch).
+
+    > hapo_clip
+    hapo_clip_alpha (`float`, defaults to `1.0`): HAPO Asymmetric Adaptive Clipping: `α` of the per-token bounds
+        `ε_low (1 − α ĥ)` for low-entropy tokens (ĥ ≤ 0) and `ε_high (1 + α ĥ)` for high-entropy ones (official
+        `clip_alpha`).
+    hapo_clip_entropy_pivot (`float`, defaults to `0.8`): quantile of the micro-batch's log-entropies that splits
+        low from high entropy (official `entropy_pivot`).
+    hapo_clip_c (`float`, defaults to `10.0`): dual-clip cap `c > 1` on the ratio of negative-advantage tokens
+        (official `clip_ratio_c`; `inf` = no cap).
+    hapo_clip_official_sign (`bool`, defaults to `False`): use the official code's unsigned `ĥ = |ĥ|`
+        (`scale_neg = 1/neg_min`: only the upper bound ever widens) instead of the paper's signed `ĥ`.
     """
 
     loss_aggregation: str | None = field(
@@ -133,3 +149,12 @@ class ObjectiveArgs:
     offpolicy_grpo_lag: int = field(default=10, metadata={"help": "Off-policy GRPO: optimizer steps per sync."})
     # gvpo
     gvpo_beta: float = field(default=0.1, metadata={"help": "GVPO: beta of the implicit reward beta*log(pi/pi_old)."})
+    # thinkless
+    thinkless_alpha: float = field(default=0.001, metadata={"help": "Thinkless/DeGRPO: weight of the control-token loss."})
+    # hapo_clip
+    hapo_clip_alpha: float = field(default=1.0, metadata={"help": "HAPO clip: alpha of the entropy-adaptive bounds."})
+    hapo_clip_entropy_pivot: float = field(default=0.8, metadata={"help": "HAPO clip: entropy pivot quantile."})
+    hapo_clip_c: float = field(default=10.0, metadata={"help": "HAPO clip: dual-clip ratio cap c > 1 for A < 0."})
+    hapo_clip_official_sign: bool = field(
+        default=False, metadata={"help": "HAPO clip: official unsigned entropy score |h_hat| instead of the paper's."}
+    )

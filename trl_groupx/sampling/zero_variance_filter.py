@@ -33,7 +33,8 @@ def zero_variance_filter(batch: RolloutBatch) -> torch.Tensor:
     generation is driven by its `RepeatSampler`/dataloader, which fixes the number of prompts per generation batch
     and their split across processes and gradient-accumulation slices before generation; a post-generation filter
     cannot draw more prompts from it. So the effective batch varies from step to step (logged as
-    `groupx/kept_fraction`), and the loss normaliser counts the kept tokens only.
+    `groupx/kept_fraction`), and the loss normaliser counts the kept tokens only. For DAPO's refill (new prompts
+    generated until the batch is full), use `rollout_filter="dapo_dynamic_sampling"`.
 
     Choices: the statistic is the trainer's weighted reward sum (verl's default metric is `acc`, or the sequence
     reward); equality is exact (`std > 0` in verl), no tolerance. NaN rewards (unscored) are ignored for the test:
