@@ -86,6 +86,10 @@ def measure(name: str, flags: dict, steps: int, tmp: Path) -> dict:
     rewards = [parity_reward, length_reward] if "rewards_per_func" in requires else [parity_reward]
     peft = "ref_logps" in requires  # the base model under the adapter is the reference (no second model)
     sizes = batch_flags(flags)
+    if "step_structure" in requires:  # multi-turn step credit: both trainers play the shipped counter game
+        from trl_groupx.toy.counter_rollout import make_counter_game_rollout
+
+        sizes.update(rollout_func=make_counter_game_rollout(), max_completion_length=64)
     theirs = build_trainer(trl.GRPOTrainer, trl.GRPOConfig, tmp / f"{name}-trl", reward_funcs=rewards, peft=peft,
                            **{**trl_flags(flags), **sizes})
     ours = build_trainer(trl_groupx.GRPOTrainer, trl_groupx.GRPOConfig, tmp / f"{name}-ours", reward_funcs=rewards,
