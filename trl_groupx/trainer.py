@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 import trl
-from accelerate.utils import gather_object, is_peft_model
+from accelerate.utils import gather_object
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl.trainer.utils import use_adapter
 
@@ -35,6 +35,7 @@ from .objective.kl import per_token_kl as per_token_kl_fn
 from .model_card import ModelCardMixin
 from .registry import Variant, get_variant
 from .reward_checks import check_reward_columns, wrap_reward_funcs
+from .trainer_checks import check_model_for_flags, check_variant_components
 from .sampling import apply_keep_mask
 
 VARIANT_STATE_NAME = "trl_groupx_variant_state.pt"
@@ -60,35 +61,11 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
         # rewards with a `bind(args)` method (trl_groupx.rewards) take their settings from this run's config
         self.reward_funcs = [f.bind(self.args) if callable(getattr(f, "bind", None)) else f for f in self.reward_funcs]
         self.reward_funcs = wrap_reward_funcs(self.reward_funcs, self.reward_func_names)
-        inner = self.accelerator.unwrap_model(self.model)
-        inner = inner.get_base_model() if is_peft_model(inner) else inner
-        if getattr(self.args, "logps_chunk_size", None) is not None:  # refuse unsupported models now, not mid-run
-            from .memory.chunked_logps import check_supported as check_chunked
-
-            check_chunked(inner, compute_aux_loss=self.aux_loss_enabled)
-        if getattr(self.args, "prefix_grouper", False):
-            from .memory.prefix_grouper import check_supported as check_prefix
-
-            check_prefix(inner, compute_aux_loss=self.aux_loss_enabled)
+        check_model_for_flags(self)
         active = self.args.active_variants() if isinstance(self.args, GRPOConfig) else {}
         self.variants: dict[str, Variant] = {stage: get_variant(vid) for stage, vid in active.items()}
         self._rewrites_rollouts = bool({"sampling", "advantages", "token_weights"} & self.variants.keys())
-        for variant in self.variants.values():  # variants that read named columns of the reward matrix
-            for name in (p for p in variant.params if p.endswith("_reward_index")):
-                if not 0 <= getattr(self.args, name) < len(self.reward_funcs):
-                    raise ValueError(
-                        f"{variant.selector}={variant.id!r} reads reward_funcs[{name}] with {name}="
-                        f"{getattr(self.args, name)}, but the trainer was given {len(self.reward_funcs)} reward "
-                        f"function(s): pass the missing one (see the variant's docstring) or change {name}."
-                    )
-        token_variant = self.variants.get("token_weights")
-        if token_variant and "ref_logps" in token_variant.requires and self.beta == 0.0:
-            if not is_peft_model(self.model):
-                raise ValueError(
-                    f"token_weighting={token_variant.id!r} needs reference log-probs, and with beta=0 and full "
-                    "fine-tuning there is no reference model: train a LoRA adapter (the base model is the reference) "
-                    "or set beta > 0 (TRL then loads one, and also adds its loss-side KL)."
-                )
+        check_variant_components(self, self.variants)
         # A TRL loss type with a non-default KL estimator runs through our reference of that loss (same numbers).
         self._kl_estimator = getattr(self.args, "kl_estimator", "k3")
         self._reference_objective: Variant | None = None
@@ -103,12 +80,6 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
         self._rewards_per_func: torch.Tensor | None = None
         adv_variant = self.variants.get("advantages")
         self._needs_steps = adv_variant is not None and "step_structure" in adv_variant.requires
-        if self._needs_steps and getattr(self, "rollout_func", None) is None and not getattr(self, "environments", None):
-            raise ValueError(
-                f"advantage_estimator={adv_variant.id!r} assigns credit to the turns of multi-turn episodes: pass a "
-                "rollout_func that returns `step_states` (and `step_rewards`) per episode, or an environment_factory "
-                "whose environments have a `_step_structure()` method (see trl_groupx/toy/counter_rollout.py)."
-            )
         self._steps: StepBatch | None = None  # global per-step view of the current generation batch
         # Per stateful variant: the dict its function updates in place; saved with every checkpoint.
         self.variant_state: dict[str, dict[str, Any]] = {v.id: {} for v in self.variants.values() if v.stateful}
