@@ -170,21 +170,29 @@ def chunked_token_logps(
 
 def check_supported(model, multimodal: dict[str, Any] | None = None, compute_aux_loss: bool = False) -> None:
     """Raise a `ValueError` naming `logps_chunk_size` for what the chunked path does not handle."""
+    check_text_lm_with_head(model, FLAG, multimodal, compute_aux_loss)
+
+
+def check_text_lm_with_head(
+    model, flag: str, multimodal: dict[str, Any] | None = None, compute_aux_loss: bool = False
+) -> None:
+    """What every hidden-state log-prob path (`logps_chunk_size`, `prefix_grouper`) needs: text-only inputs, no MoE
+    aux loss, and a text causal LM with a separate decoder body and LM head. Raises `ValueError` naming `flag`."""
     if any(v is not None for v in (multimodal or {}).values()):
-        raise ValueError(f"{FLAG} supports text-only inputs; multimodal inputs were passed. Unset {FLAG}.")
+        raise ValueError(f"{flag} supports text-only inputs; multimodal inputs were passed. Unset {flag}.")
     if compute_aux_loss:
-        raise ValueError(f"{FLAG} does not compute the MoE router aux loss; unset {FLAG} or router_aux_loss_coef.")
+        raise ValueError(f"{flag} does not compute the MoE router aux loss; unset {flag} or router_aux_loss_coef.")
     config = getattr(model, "config", None)
     if config is None or config.get_text_config() is not config:
-        raise ValueError(f"{FLAG} supports text-only causal LMs; {type(model).__name__} is multimodal. Unset {FLAG}.")
+        raise ValueError(f"{flag} supports text-only causal LMs; {type(model).__name__} is multimodal. Unset {flag}.")
     try:
         lm_head, decoder = model.get_output_embeddings(), model.get_decoder()
     except (AttributeError, NotImplementedError):
         lm_head = decoder = None
     if lm_head is None or decoder is None or decoder is model:
         raise ValueError(
-            f"{FLAG} needs a model with a separate decoder body and LM head (get_decoder() / "
-            f"get_output_embeddings()); {type(model).__name__} has none. Unset {FLAG}."
+            f"{flag} needs a model with a separate decoder body and LM head (get_decoder() / "
+            f"get_output_embeddings()); {type(model).__name__} has none. Unset {flag}."
         )
 
 

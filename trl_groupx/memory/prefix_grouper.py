@@ -127,22 +127,10 @@ def _cache_kwarg(decoder) -> str | None:
 
 def check_supported(model, multimodal: dict[str, Any] | None = None, compute_aux_loss: bool = False) -> None:
     """Raise a `ValueError` naming `prefix_grouper` for what the shared-prefix forward does not handle."""
-    if any(v is not None for v in (multimodal or {}).values()):
-        raise ValueError(f"{FLAG} supports text-only inputs; multimodal inputs were passed. Unset {FLAG}.")
-    if compute_aux_loss:
-        raise ValueError(f"{FLAG} does not compute the MoE router aux loss; unset {FLAG} or router_aux_loss_coef.")
-    config = getattr(model, "config", None)
-    if config is None or config.get_text_config() is not config:
-        raise ValueError(f"{FLAG} supports text-only causal LMs; {type(model).__name__} is multimodal. Unset {FLAG}.")
-    try:
-        lm_head, decoder = model.get_output_embeddings(), model.get_decoder()
-    except (AttributeError, NotImplementedError):
-        lm_head = decoder = None
-    if lm_head is None or decoder is None or decoder is model:
-        raise ValueError(
-            f"{FLAG} needs a model with a separate decoder body and LM head (get_decoder() / get_output_embeddings()); "
-            f"{type(model).__name__} has none. Unset {FLAG}."
-        )
+    from .chunked_logps import check_text_lm_with_head
+
+    check_text_lm_with_head(model, FLAG, multimodal, compute_aux_loss)
+    config, decoder = model.config, model.get_decoder()
     if getattr(model, "_is_stateful", False) or _cache_kwarg(decoder) is None:
         raise ValueError(f"{FLAG} needs a decoder that takes a key/value cache; {type(model).__name__} does not.")
     from transformers.cache_utils import DynamicCache, DynamicLayer
