@@ -81,7 +81,7 @@ def test_dispatched_variant_contract(variant):
         logps = (-torch.rand(n, t)).requires_grad_()
         group_ids = torch.arange(n) // g if "group_structure" in variant.requires else None  # as the trainer fills
         ctx = ObjectiveContext(logps, logps.detach() - 0.1 * torch.randn(n, t), torch.randn(n, 1), mask,
-                               group_ids=group_ids)
+                               entropies=torch.rand(n, t) * 2, group_ids=group_ids)  # the trainer always passes them
         out = variant.fn(ctx, **kwargs)
         assert out.shape[0] == n and out.shape[1] in (1, t) and torch.isfinite(out).all()
         (out * mask).sum().backward()
