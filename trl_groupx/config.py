@@ -99,6 +99,10 @@ def validate_config(config: GRPOConfig) -> None:
             raise ValueError(f"delta (two-sided clipping) does not apply to loss_type={config.loss_type!r}; unset it.")
 
     _check_kl_estimator(config, custom_objective)
+    estimator = active_by_stage.get("advantages")
+    if estimator and "step_structure" in get_variant(estimator).requires and config.token_weighting is not None:
+        raise ValueError(f"advantage_estimator={estimator!r} writes per-turn (B, T) advantages, so "
+                         f"token_weighting={config.token_weighting!r} cannot follow it; unset token_weighting.")
     if config.balanced_agg_scope not in ("group", "batch"):
         raise ValueError(f"balanced_agg_scope={config.balanced_agg_scope!r} is unknown; use 'group' or 'batch'.")
     if config.balanced_agg_scope != "group" and (not custom_objective or resolved_aggregation(config) != "balanced"):

@@ -70,3 +70,9 @@ def test_compositions_across_stages_are_accepted():
     assert config.active_variants() == {"token_weights": "gtpo_entropy", "objective": "gmpo"}
     # an estimator that reads scale_rewards (a weighting of GRPO's own advantage) accepts Dr. GRPO's setting
     assert GRPOConfig(**BASE, advantage_estimator="focal_tailmiss", scale_rewards="none").scale_rewards == "none"
+
+
+@pytest.mark.parametrize("estimator", ["agentflow", "gigpo", "hgpo"])
+def test_step_credit_estimators_refuse_a_token_stage(estimator):
+    with pytest.raises(ValueError, match=f"advantage_estimator='{estimator}' writes per-turn .* unset token_weighting"):
+        GRPOConfig(**BASE, advantage_estimator=estimator, token_weighting="nat")

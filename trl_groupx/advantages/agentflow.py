@@ -18,9 +18,6 @@ def _validate(config) -> None:
     if config.agentflow_episode_stats not in AGENTFLOW_EPISODE_STATS:
         raise ValueError(f"agentflow_episode_stats must be one of {AGENTFLOW_EPISODE_STATS}, got "
                          f"{config.agentflow_episode_stats!r}.")
-    if config.token_weighting is not None:
-        raise ValueError(f"advantage_estimator={config.advantage_estimator!r} writes per-turn (B, T) advantages, so "
-                         f"token_weighting={config.token_weighting!r} cannot follow it; unset token_weighting.")
 
 
 @register(

@@ -24,9 +24,6 @@ def _validate(config) -> None:
                          f"{config.gigpo_episode_stats!r}.")
     if not 0.0 <= config.gigpo_gamma <= 1.0:
         raise ValueError(f"gigpo_gamma must lie in [0, 1], got {config.gigpo_gamma}.")
-    if config.token_weighting is not None:
-        raise ValueError(f"advantage_estimator={config.advantage_estimator!r} writes per-turn (B, T) advantages, so "
-                         f"token_weighting={config.token_weighting!r} cannot follow it; unset token_weighting.")
 
 
 @register(

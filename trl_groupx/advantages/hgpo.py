@@ -33,9 +33,6 @@ def _validate(config) -> None:
         raise ValueError(f"hgpo_history_length must be an integer >= 0, got {config.hgpo_history_length!r}.")
     if not 0.0 <= config.hgpo_gamma <= 1.0:
         raise ValueError(f"hgpo_gamma must lie in [0, 1], got {config.hgpo_gamma}.")
-    if config.token_weighting is not None:
-        raise ValueError(f"advantage_estimator={config.advantage_estimator!r} writes per-turn (B, T) advantages, so "
-                         f"token_weighting={config.token_weighting!r} cannot follow it; unset token_weighting.")
 
 
 @register(

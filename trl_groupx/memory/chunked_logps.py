@@ -255,14 +255,19 @@ def chunked_per_token_logps_and_entropies(
         compute_entropy=compute_entropy,
         cast_lm_head_to_fp32=bool(getattr(trainer.args, "cast_lm_head_to_fp32", False)),
     )
+    return micro_batched_forward(trainer, model, input_ids, attention_mask, batch_size, {_KWARG: request},
+                                 compute_entropy)
+
+
+def micro_batched_forward(trainer, model, input_ids, attention_mask, batch_size, extra: dict, compute_entropy: bool):
+    """TRL's `batch_size` micro-batching around a patched `model(...)` call that returns `(logps, entropies)`
+    (the patch reads its request from `extra`); returns TRL's `(logps, entropies, aux_loss=None)`."""
     batch_size = batch_size or input_ids.size(0)
     all_logps, all_entropies = [], []
     for start in range(0, input_ids.size(0), batch_size):
         end = min(start + batch_size, input_ids.size(0))
         with trainer.accelerator.autocast():
-            logps, entropies = model(
-                input_ids=input_ids[start:end], attention_mask=attention_mask[start:end], **{_KWARG: request}
-            )
+            logps, entropies = model(input_ids=input_ids[start:end], attention_mask=attention_mask[start:end], **extra)
         all_logps.append(logps)
         if compute_entropy:
             all_entropies.append(entropies)

@@ -276,15 +276,7 @@ def prefix_grouped_logps_and_entropies(
         cast_lm_head_to_fp32=bool(getattr(trainer.args, "cast_lm_head_to_fp32", False)),
         chunk_size=getattr(trainer.args, "logps_chunk_size", None),
     )
-    batch_size = batch_size or input_ids.size(0)
-    all_logps, all_entropies = [], []
-    for start in range(0, input_ids.size(0), batch_size):
-        end = min(start + batch_size, input_ids.size(0))
-        with trainer.accelerator.autocast():
-            logps, entropies = model(
-                input_ids=input_ids[start:end], attention_mask=attention_mask[start:end], **{_KWARG: request}
-            )
-        all_logps.append(logps)
-        if compute_entropy:
-            all_entropies.append(entropies)
-    return torch.cat(all_logps), (torch.cat(all_entropies) if compute_entropy else None), None
+    from .chunked_logps import micro_batched_forward
+
+    return micro_batched_forward(trainer, model, input_ids, attention_mask, batch_size, {_KWARG: request},
+                                 compute_entropy)
