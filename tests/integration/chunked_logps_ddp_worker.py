@@ -14,6 +14,7 @@ import torch
 
 import trl_groupx
 from tests.conftest import build_trainer
+from tests.integration.torchrun import finish
 
 
 def train(out_dir: Path, chunk):
@@ -41,3 +42,4 @@ if __name__ == "__main__":
     plain, _, initial = train(out / "plain", None)
     chunked, wrapped, _ = train(out / "chunked", 3)
     torch.save({"plain": plain, "chunked": chunked, "wrapped": wrapped, "initial": initial}, out / f"rank{rank}.pt")
+    finish()

@@ -15,6 +15,7 @@ from accelerate.utils import gather_object
 
 import trl_groupx
 from tests.conftest import build_trainer
+from tests.integration.torchrun import finish
 from trl_groupx.sampling.dapo_dynamic_sampling import draw_refill_indices
 from trl_groupx.toy import arithmetic_dataset
 
@@ -86,3 +87,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    finish()

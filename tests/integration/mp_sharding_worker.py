@@ -14,6 +14,7 @@ import torch
 
 import tests.conftest  # noqa: F401  (offline environment variables)
 from tests.integration.sharding_helpers import CASES, CHECKPOINT_CASE, FSDP2_CASES, fsdp2_one_step, run_job
+from tests.integration.torchrun import finish
 
 
 def main() -> None:
@@ -33,3 +34,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    finish()

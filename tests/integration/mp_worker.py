@@ -15,6 +15,7 @@ from accelerate.utils import gather_object  # noqa: E402
 
 import trl_groupx  # noqa: E402
 from tests.conftest import build_trainer  # noqa: E402
+from tests.integration.torchrun import finish  # noqa: E402
 from trl_groupx.contracts import config_kwargs  # noqa: E402
 
 CASES = {
@@ -67,3 +68,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    finish()

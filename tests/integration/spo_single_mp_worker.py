@@ -16,6 +16,7 @@ from accelerate.utils import gather_object
 
 import trl_groupx
 from tests.conftest import build_trainer
+from tests.integration.torchrun import finish
 from trl_groupx.advantages import _prompt_keys
 from trl_groupx.advantages.spo_single import spo_single_advantages
 from trl_groupx.toy import arithmetic_dataset
@@ -62,3 +63,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    finish()

@@ -9,10 +9,6 @@ gradient summed over rows, frpo's suffix sums of log-prob differences) a 1e-5 re
 """
 
 import copy
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +17,7 @@ import trl
 
 import trl_groupx
 from tests.conftest import base_config_kwargs, build_trainer, grads_differ, one_step
+from tests.integration.torchrun import launch, needs_torchrun
 from trl_groupx.toy import arithmetic_dataset, load_tiny_tokenizer
 
 CHUNKS = [1, 5, 7, 1000]  # 5 and 7 divide neither the completion length nor B × T_c
@@ -220,16 +217,12 @@ def test_lora_with_chunking_still_differs_from_a_variant(tmp_path):
     assert grads_differ(g0, g1)
 
 
-@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not on PATH")
+@needs_torchrun
 def test_two_processes_ddp_step_matches_trl(tmp_path):
     """torchrun, 2 CPU processes: the chunked forward is called on the DDP-wrapped model, so the gradients are
     all-reduced — both ranks end the step with identical weights, equal to the plain TRL run's."""
     worker = Path(__file__).with_name("chunked_logps_ddp_worker.py")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(worker.parents[2])}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29547",
-           str(worker), str(tmp_path)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    launch(worker, tmp_path, timeout=900)
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
     assert "DistributedDataParallel" in r0["wrapped"]
     for name, p in r0["plain"].items():

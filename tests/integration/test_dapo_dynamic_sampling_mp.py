@@ -2,24 +2,16 @@
 same generation calls (nothing hangs), each fills its own batch with mixed groups, and training continues."""
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
+from tests.integration.torchrun import launch, needs_torchrun
 
 WORKER = Path(__file__).with_name("dapo_mp_worker.py")
 
 
-@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not on PATH")
+@needs_torchrun
 def test_two_processes_refill_in_lockstep(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(WORKER.parents[2])}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29547",
-           str(WORKER), str(tmp_path)]
-    proc = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True, timeout=300)  # a hang fails here
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    launch(WORKER, tmp_path, timeout=300)
     results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     for r in results:
         # rank 0 was full after the first call, rank 1 after the fourth: both ran 4 generation calls

@@ -16,17 +16,14 @@ shards the model per decoder layer by hand and checks trl_groupx's code on it: t
 
 from __future__ import annotations
 
-import os
 import shutil
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.integration.sharding_helpers import CASES, CHECKPOINT_CASE, FSDP2_CASES, fsdp2_one_step, run_job
+from tests.integration.torchrun import launch
 from trl_groupx.trainer import VARIANT_STATE_NAME
 
 WORKER = Path(__file__).with_name("mp_sharding_worker.py")
@@ -41,14 +38,7 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sharding")
     single = {name: run_job(tmp / "single" / name, flags, save=name == CHECKPOINT_CASE) for name, flags in CASES.items()}
     one_proc_checkpoint = tmp / "single" / CHECKPOINT_CASE / "checkpoint-1"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    with socket.socket() as sock:  # a free port: other test runs may share this machine
-        sock.bind(("127.0.0.1", 0))
-        port = str(sock.getsockname()[1])
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port,
-           str(WORKER), str(tmp / "multi"), str(one_proc_checkpoint)]
-    proc = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    launch(WORKER, tmp / "multi", one_proc_checkpoint)
     multi = {name: torch.load(tmp / "multi" / f"{name}.pt", weights_only=False) for name in [*CASES, "resumed"]}
     # 2 processes saved checkpoint-1: resume it here, under 1 process
     resumed_single = run_job(tmp / "single" / "resumed", CASES[CHECKPOINT_CASE],

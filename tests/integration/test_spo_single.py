@@ -3,11 +3,6 @@ exactly the advantages the tracker gives for the trainer's rewards and prompt ke
 over the same prompts update the tracker; a resumed run continues exactly (weights and tracker)."""
 
 import json
-import os
-import shutil
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +11,7 @@ from datasets import concatenate_datasets
 
 import trl_groupx
 from tests.conftest import build_trainer, grads_differ, one_step
+from tests.integration.torchrun import launch, needs_torchrun
 from trl_groupx.advantages import _prompt_keys
 from trl_groupx.advantages._prompt_keys import prompt_keys_from_ids
 from trl_groupx.advantages.spo_single import spo_single_advantages
@@ -127,17 +123,10 @@ def test_spo_single_resume_continues_exactly(tmp_path):
         assert torch.equal(p, q), name
 
 
-@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not on PATH")
+@needs_torchrun
 def test_two_processes_share_keys_and_tracker(tmp_path):
     worker = Path(__file__).with_name("spo_single_mp_worker.py")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(worker.parents[2])}
-    with socket.socket() as sock:  # a free port: other suites may hold the usual ones
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
-           str(worker), str(tmp_path)]
-    proc = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    launch(worker, tmp_path, timeout=600)
     for rank in (0, 1):
         result = json.loads((tmp_path / f"rank{rank}.jsonl").read_text())
         assert result["keys_agree_within_group"], result  # hashes agree across processes (not Python's hash())
