@@ -34,6 +34,11 @@ planned) for schedules in any stage.
 stable 63-bit BLAKE2b hash of each rollout's unpadded prompt token ids (`trl_groupx.advantages._prompt_keys`),
 gathered in global order like the rewards, identical on every process and across runs (not Python's salted hash).
 
+`greedy_baseline_rewards` / `reference_sample_rewards` (N,) for advantage variants whose baseline is an extra
+completion (ReMax, AAPO): the reward of the greedy completion of each rollout's prompt under the current policy
+(shared by the group), or of one completion per rollout sampled from the frozen reference model; scored by the
+run's reward functions and weights, NaN when unscorable (`trl_groupx.sampling.baseline_rollouts`).
+
 Multi-turn step credit (`requires=("step_structure",)`, advantage variants)
     `fn(rewards: (N,), group_size: int, steps: StepBatch, *, <config fields>) -> per-step advantages (S,)`.
     `steps` (`trl_groupx.advantages.step_credit.StepBatch`) lists the `S` model turns of the global batch: episode
@@ -130,7 +135,8 @@ class ObjectiveContext:
 
 
 # Keyword-only arguments the trainer supplies itself (see `requires` in registry.py), not read from the config.
-TRAINER_SUPPLIED = frozenset({"state", "completion_lengths", "global_step", "total_steps", "steps", "prompt_keys"})
+TRAINER_SUPPLIED = frozenset({"state", "completion_lengths", "global_step", "total_steps", "steps", "prompt_keys",
+                              "greedy_baseline_rewards", "reference_sample_rewards"})
 
 
 def config_kwargs(fn: Callable[..., Any], config: Any) -> dict[str, Any]:

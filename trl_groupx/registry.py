@@ -37,7 +37,7 @@ SELECTORS: dict[Stage, str] = {
 # lays out on the episode's turns as `(N, T)` token advantages.
 KNOWN_REQUIREMENTS = frozenset(
     {"entropies", "old_logps", "ref_logps", "rewards_per_func", "group_structure", "completion_lengths", "global_step",
-     "step_structure", "sum_pi_squared", "prompt_keys"}
+     "step_structure", "sum_pi_squared", "prompt_keys", "greedy_baseline_rewards", "reference_sample_rewards"}
 )
 
 _ID_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")

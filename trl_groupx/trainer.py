@@ -29,14 +29,15 @@ from .advantages import decoupled_normalized_advantages, group_normalized_advant
 from .advantages.step_credit import StepBatch, state_key, step_to_token_advantages, turn_index_from_tool_mask
 from .config import GRPOConfig
 from .contracts import ObjectiveContext, RolloutBatch, TokenContext, config_kwargs
+from .model_card import ModelCardMixin
 from .objective import TRL_REFERENCE_SURROGATE, aggregate, log_ratio, resolved_aggregation
 from .objective.aggregation import balanced_sequence_scale
 from .objective.kl import per_token_kl as per_token_kl_fn
-from .model_card import ModelCardMixin
 from .registry import Variant, get_variant
 from .reward_checks import check_reward_columns, wrap_reward_funcs
-from .trainer_checks import check_model_for_flags, check_variant_components
 from .sampling import apply_keep_mask
+from .sampling.baseline_rollouts import BASELINE_REQUIREMENTS, baseline_rewards, check_baseline_rollouts
+from .trainer_checks import check_model_for_flags, check_variant_components
 
 VARIANT_STATE_NAME = "trl_groupx_variant_state.pt"
 
@@ -81,6 +82,12 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
         adv_variant = self.variants.get("advantages")
         self._needs_steps = adv_variant is not None and "step_structure" in adv_variant.requires
         self._steps: StepBatch | None = None  # global per-step view of the current generation batch
+        # ReMax / AAPO: the requirement naming the extra baseline completion (greedy or reference sample), if any
+        self._baseline_requirement = next(
+            (r for r in BASELINE_REQUIREMENTS if adv_variant is not None and r in adv_variant.requires), None)
+        if self._baseline_requirement:
+            check_baseline_rollouts(self, adv_variant.id, self._baseline_requirement)
+        self._baseline_rewards: torch.Tensor | None = None
         # Per stateful variant: the dict its function updates in place; saved with every checkpoint.
         self.variant_state: dict[str, dict[str, Any]] = {v.id: {} for v in self.variants.values() if v.stateful}
 
@@ -101,6 +108,9 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             inputs, output = refill_generation_batch(self, inputs, output, super()._generate_and_score_completions)
         if self._rewrites_rollouts:
             self._steps = self._collect_steps(inputs) if self._needs_steps else None
+            if self._baseline_requirement:
+                group_size = self.num_generations if self.model.training else self.num_generations_eval
+                self._baseline_rewards = baseline_rewards(self, inputs, self._baseline_requirement, group_size)
             output = self.apply_rollout_stages(output)
         if self._objective_group_ids or self._balanced_scope:
             self._add_objective_rollout_inputs(output)
@@ -235,6 +245,8 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
 
                 extra["prompt_keys"] = prompt_keys_from_ids(
                     self._gather_padded(output["prompt_ids"]), self._gather_padded(output["prompt_mask"]))
+            if self._baseline_requirement:  # ReMax / AAPO: rewards of the extra baseline completions
+                extra[self._baseline_requirement] = self._baseline_rewards
             if "step_structure" in variant.requires:  # step records live on the CPU (built from Python lists)
                 extra["steps"] = self._steps
                 source = source.cpu()

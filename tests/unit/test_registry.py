@@ -56,6 +56,9 @@ def test_dispatched_variant_contract(variant):
             kwargs["completion_lengths"] = mask.sum(-1)
         if "prompt_keys" in variant.requires:  # as the trainer fills: one key per prompt, shared by its group
             kwargs["prompt_keys"] = torch.arange(n) // g
+        for name in ("greedy_baseline_rewards", "reference_sample_rewards"):  # one baseline per rollout, one NaN
+            if name in variant.requires:
+                kwargs[name] = torch.tensor([0.5, 0.5, 0.5, 0.5, 1.0, 1.0, 1.0, float("nan")])
         if "step_structure" in variant.requires:  # per-step output: two turns per episode, a shared first state
             from trl_groupx.advantages.step_credit import StepBatch
 

@@ -5,6 +5,7 @@ vectorised over all groups at once; NaN rewards are excluded from group statisti
 One module per variant (or per family); importing this package registers them all.
 """
 
+from .aapo import aapo_advantages
 from .agentflow import agentflow_step_advantages
 from .dvao import dvao_advantages
 from .ebpo import ebpo_advantages
@@ -24,6 +25,7 @@ from .opo import opo_advantages
 from .papo import papo_advantages
 from .reinforce_pp import reinforce_pp_advantages
 from .reinforce_pp_baseline import reinforce_pp_baseline_advantages
+from .remax import remax_advantages
 from .rloo import rloo_advantages
 from .sign import sign_advantages
 from .softmax_grpo import softmax_grpo_advantages
@@ -34,6 +36,8 @@ from .verigate import verigate_advantages
 
 __all__ = [
     "TRL_STD_EPS",
+    "aapo_advantages",
+    "remax_advantages",
     "mc_grpo_advantages",
     "agentflow_step_advantages",
     "gigpo_step_advantages",

@@ -34,6 +34,14 @@ class AdvantageArgs:
         signs is dropped when its consensus ratio `|Σ_k z_k| / Σ_k |z_k|` is below this; in `[0, 1]`, 1.0 drops every
         sign conflict (official "hard" estimator), 0.8 is the official "snr" script, 0 keeps all.
 
+    > aapo
+    aapo_clip_low, aapo_clip_high (`float`, defaults to `0.2`, `0.28`): AAPO: the margin `r − r_ref` over a reference
+        sample is clipped to `[−low, high]` (official values).
+    aapo_coef (`float`, defaults to `1.0`): AAPO: weight of the clipped margin added to the group-centred advantage
+        (ours; 1 = official, 0 = GRPO).
+    aapo_scale_rewards (`bool`, defaults to `False`): AAPO: divide the group-centred part by the group std + 1e-4
+        (official `--scale_rewards`, off in the 7B scripts).
+
     > mc_grpo
     mc_grpo_scale (`str`, defaults to `"mad"`): MC-GRPO: divide `r − median` by the group's median absolute
         deviation + 1e-3 (`"mad"`, the official code) or not (`"none"`); with binary rewards MAD is 0, see the docstring.
@@ -182,6 +190,13 @@ class AdvantageArgs:
     mdp_grpo_prospect_beta: float = field(default=0.8, metadata={"help": "MDP-GRPO: beta_PT (0.8)."})
     mdp_grpo_lambda_pos: float = field(default=1.25, metadata={"help": "MDP-GRPO: lambda+ (1.25)."})
     mdp_grpo_lambda_neg: float = field(default=2.0, metadata={"help": "MDP-GRPO: lambda- (2.0, loss aversion)."})
+    # aapo
+    aapo_clip_low: float = field(default=0.2, metadata={"help": "AAPO: lower clip of the reference margin (0.2)."})
+    aapo_clip_high: float = field(default=0.28, metadata={"help": "AAPO: upper clip of the reference margin (0.28)."})
+    aapo_coef: float = field(default=1.0, metadata={"help": "AAPO: weight of the clipped margin (1; 0 = GRPO)."})
+    aapo_scale_rewards: bool = field(
+        default=False, metadata={"help": "AAPO: divide the group-centred part by std + 1e-4 (official 7B: False)."}
+    )
     # gpg_valid_rescale
     gpg_valid_rescale_min_inverse_alpha: float = field(
         default=0.5, metadata={"help": "GPG: floor of the valid-group fraction; alpha = B/(B-M) <= 1/this (0.5)."}
