@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 from dataclasses import dataclass
 
 import trl
@@ -127,28 +128,33 @@ def validate_config(config: GRPOConfig) -> None:
 
 
 def _check_kl_estimator(config: GRPOConfig, custom_objective: bool) -> None:
+    """`kl_estimator` and `beta_negative` change TRL's KL term, so with a TRL loss type they move the loss to
+    trl_groupx's reference of it (`TRL_REFERENCE_SURROGATE`)."""
     if config.kl_estimator not in KL_ESTIMATORS:
         raise ValueError(f"kl_estimator={config.kl_estimator!r} is unknown; use one of {KL_ESTIMATORS}.")
-    if config.kl_estimator == "k3":
-        return
-    if config.beta == 0.0:
-        raise ValueError(
-            f"kl_estimator={config.kl_estimator!r} has no effect with beta=0 (no KL penalty); set beta > 0 or "
-            "leave kl_estimator='k3'."
-        )
-    if custom_objective:
-        return
-    if config.loss_type not in TRL_REFERENCE_SURROGATE:
-        raise ValueError(
-            f"kl_estimator={config.kl_estimator!r} cannot be combined with loss_type={config.loss_type!r}: trl_groupx "
-            f"has no reference of that loss to put another KL estimator in. Use one of "
-            f"{sorted(TRL_REFERENCE_SURROGATE)} or kl_estimator='k3'."
-        )
-    if config.entropy_coef != 0.0 or config.use_adaptive_entropy:
-        raise ValueError(
-            f"kl_estimator={config.kl_estimator!r} moves the loss to trl_groupx's objective path, which does not "
-            "support TRL's entropy bonus yet; set entropy_coef=0 and use_adaptive_entropy=False, or kl_estimator='k3'."
-        )
+    changed = []
+    if config.kl_estimator != "k3":
+        changed.append((f"kl_estimator={config.kl_estimator!r}", "leave kl_estimator='k3'"))
+    if config.beta_negative is not None:
+        b = config.beta_negative
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or not math.isfinite(b) or b < 0:
+            raise ValueError(f"beta_negative must be a finite number >= 0 (MDP-GRPO: 0.025) or None, got {b!r}.")
+        changed.append((f"beta_negative={b!r}", "unset beta_negative"))
+    for flag, undo in changed:
+        if config.beta == 0.0:
+            raise ValueError(f"{flag} has no effect with beta=0 (no KL penalty); set beta > 0 or {undo}.")
+        if custom_objective:
+            continue
+        if config.loss_type not in TRL_REFERENCE_SURROGATE:
+            raise ValueError(
+                f"{flag} cannot be combined with loss_type={config.loss_type!r}: trl_groupx has no reference of that "
+                f"loss to change its KL term in. Use one of {sorted(TRL_REFERENCE_SURROGATE)} or {undo}."
+            )
+        if config.entropy_coef != 0.0 or config.use_adaptive_entropy:
+            raise ValueError(
+                f"{flag} moves the loss to trl_groupx's objective path, which does not support TRL's entropy bonus "
+                f"yet; set entropy_coef=0 and use_adaptive_entropy=False, or {undo}."
+            )
 
 
 def _check_selectors(config: GRPOConfig) -> None:

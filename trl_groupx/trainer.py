@@ -32,6 +32,7 @@ from .contracts import ObjectiveContext, RolloutBatch, TokenContext, config_kwar
 from .model_card import ModelCardMixin
 from .objective import TRL_REFERENCE_SURROGATE, aggregate, log_ratio, resolved_aggregation
 from .objective.aggregation import balanced_sequence_scale
+from .objective.kl import kl_coefficient
 from .objective.kl import per_token_kl as per_token_kl_fn
 from .registry import Variant, get_variant
 from .reward_checks import check_reward_columns, wrap_reward_funcs
@@ -67,10 +68,12 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
         self.variants: dict[str, Variant] = {stage: get_variant(vid) for stage, vid in active.items()}
         self._rewrites_rollouts = bool({"sampling", "advantages", "token_weights"} & self.variants.keys())
         check_variant_components(self, self.variants)
-        # A TRL loss type with a non-default KL estimator runs through our reference of that loss (same numbers).
+        # A TRL loss type with a non-default KL term (estimator, asymmetric beta) runs through our reference of that
+        # loss (same numbers otherwise).
         self._kl_estimator = getattr(self.args, "kl_estimator", "k3")
         self._reference_objective: Variant | None = None
-        if self._kl_estimator != "k3" and "objective" not in self.variants:
+        self._beta_negative = getattr(self.args, "beta_negative", None)  # MDP-GRPO: β where A < 0
+        if (self._kl_estimator != "k3" or self._beta_negative is not None) and "objective" not in self.variants:
             self._reference_objective = get_variant(TRL_REFERENCE_SURROGATE[self.args.loss_type])
         # Rollout-level inputs of the objective, computed on the global batch where the rows still sit in groups.
         objective = self.variants.get("objective")
@@ -424,7 +427,7 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             per_token_kl = per_token_kl_fn(logps, inputs["ref_per_token_logps"], self._kl_estimator)
             if self.args.use_bias_correction_kl:  # importance-weight the estimate, at TRL's ratio level
                 per_token_kl = per_token_kl * torch.exp(log_ratio(ctx, self.args.importance_sampling_level))
-            per_token_loss = per_token_loss + self.beta * per_token_kl
+            per_token_loss = per_token_loss + kl_coefficient(self.beta, self._beta_negative, advantages) * per_token_kl
             self._metrics[mode]["kl"].append(self._global_masked_mean(per_token_kl, mask))
 
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0

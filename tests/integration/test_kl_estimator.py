@@ -44,3 +44,32 @@ def test_estimator_changes_loss_by_beta_times_kl_difference(tmp_path, estimator,
     expected = loss_k3 + beta * aggregate(diff, mask, "sequence_mean")
     torch.testing.assert_close(loss_k, expected, atol=1e-6, rtol=1e-5)
     assert grads_differ(g_k3, g_k, atol=1e-6)
+
+
+# ---- beta_negative (MDP-GRPO's asymmetric KL) -------------------------------------------------------------------
+
+@pytest.mark.parametrize("peft", [False, True])
+def test_beta_negative_equal_to_beta_is_trl(tmp_path, peft):
+    _, g_trl = _off_policy_step(ours(tmp_path / "a", peft, loss_type="grpo", beta=0.04))
+    trainer = ours(tmp_path / "b", peft, loss_type="grpo", beta=0.04, beta_negative=0.04)
+    assert trainer._reference_objective.id == "dapo"
+    _, g_routed = _off_policy_step(trainer)
+    for k in g_trl:
+        torch.testing.assert_close(g_routed[k], g_trl[k], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "gmpo"])
+def test_beta_negative_adds_its_excess_on_negative_advantage_rows(tmp_path, loss_type):
+    beta, beta_negative = 0.1, 0.7
+    trainer = ours(tmp_path, loss_type=loss_type, beta=beta, beta_negative=beta_negative)
+    inputs, logps = _perturbed_inputs(trainer)
+    loss_asym, g_asym = loss_and_grads(trainer, inputs)
+    trainer._beta_negative = None
+    loss_sym, g_sym = loss_and_grads(trainer, inputs)
+    ref, mask = inputs["ref_per_token_logps"], inputs["completion_mask"]
+    kl = per_token_kl(logps, ref, "k3") * torch.exp(logps - inputs["old_per_token_logps"])  # bias-corrected, as TRL
+    negative = (inputs["advantages"] < 0).float().unsqueeze(1)
+    assert 0 < negative.sum() < negative.numel()  # both signs in the batch
+    expected = loss_sym + (beta_negative - beta) * aggregate(kl * negative, mask, "sequence_mean")
+    torch.testing.assert_close(loss_asym, expected, atol=1e-6, rtol=1e-5)
+    assert grads_differ(g_sym, g_asym, atol=1e-7)

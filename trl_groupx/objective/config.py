@@ -20,6 +20,10 @@ class ObjectiveArgs:
         Per-token estimator of the KL penalty `beta * KL(pi || pi_ref)`: `"k3"` (TRL's), `"k1"`, `"k2"` or `"abs"`
         (see `trl_groupx.objective.kl`). Needs `beta > 0`. With a TRL loss type other than `"k3"`, the loss is
         computed by trl_groupx's reference of that loss type (identical to TRL's for `"k3"`).
+    beta_negative (`float` or `None`, defaults to `None`):
+        KL coefficient of completions with a negative advantage (MDP-GRPO's asymmetric KL: `beta` applies where
+        `A >= 0`, `beta_negative` where `A < 0`; paper 0.01 / 0.025). Needs `beta > 0`. `None`: `beta` everywhere.
+        Like `kl_estimator`, a TRL loss type then runs through trl_groupx's reference of that loss.
 
     > gmpo
     gmpo_clip (`float`, defaults to `0.4`): GMPO's log-space clip `c`.
@@ -109,6 +113,10 @@ class ObjectiveArgs:
     kl_estimator: str = field(
         default="k3",
         metadata={"help": "KL penalty estimator: k3 (TRL's), k1, k2 or abs; applies when beta > 0."},
+    )
+    beta_negative: float | None = field(
+        default=None,
+        metadata={"help": "KL coefficient where the advantage is negative (MDP-GRPO: 0.025, beta = 0.01); None = beta."},
     )
     # gmpo
     gmpo_clip: float = field(default=0.4, metadata={"help": "GMPO: log-space clip c of each token log-ratio."})

@@ -38,3 +38,24 @@ def per_token_kl(logps: torch.Tensor, ref_logps: torch.Tensor, estimator: str = 
     if estimator == "abs":
         return delta.abs()
     raise ValueError(f"kl_estimator={estimator!r} is unknown; use one of {KL_ESTIMATORS}.")
+
+
+def kl_coefficient(beta: float, beta_negative: float | None, advantages: torch.Tensor) -> float | torch.Tensor:
+    """`β` for the KL penalty of each row (or token, with `(B, T)` advantages): `beta_negative` where `A < 0`.
+
+    MDP-GRPO's asymmetric KL ("MDP-GRPO: Stabilized Group Relative Policy Optimization for Multi-Constraint
+    Instruction Following", ACL 2026; its advantage side is `trl_groupx.advantages.mdp_grpo`): a looser leash
+    when the update reinforces (A ≥ 0, `β+ = beta`) and a tighter one when it penalises (A < 0, `β− =
+    beta_negative`). Official code: m-salmani78/trl@3b375080d799c1a7224de19d37e548a2ed2aa390,
+    `trl/trainer/grpo_trainer.py` `_compute_loss` l.2139-2149 (`beta_eff = where(A < 0, beta_neg, beta_pos)`, per
+    completion, added as `beta_eff · kl` per token); defaults `beta_pos = 0.01`, `beta_neg = 0.025`
+    (`grpo_config.py`). Zero advantage counts as non-negative, as there.
+
+    Args:
+        beta (`float`): `β+`, the run's `beta`.
+        beta_negative (`float` or `None`): `β−`; `None` returns `beta` (TRL's symmetric penalty).
+        advantages (`torch.Tensor`): `(B, 1)` or `(B, T)`.
+    """
+    if beta_negative is None:
+        return beta
+    return torch.where(advantages < 0, advantages.new_tensor(beta_negative), advantages.new_tensor(beta))

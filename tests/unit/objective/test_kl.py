@@ -7,6 +7,7 @@ import torch
 
 from trl_groupx import GRPOConfig
 from trl_groupx.objective import KL_ESTIMATORS, per_token_kl
+from trl_groupx.objective.kl import kl_coefficient
 
 # log π = [0, -1], log π_ref = [-1, -1] → δ = ref - π = [-1, 0]
 LOGPS = [[0.0, -1.0]]
@@ -83,3 +84,35 @@ def test_bad_configs(tmp_path, kwargs, match):
 def test_good_configs(tmp_path):
     for loss_type in ("grpo", "dapo", "cispo", "sapo", "gmpo"):
         GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, loss_type=loss_type, beta=0.04, kl_estimator="k2")
+
+
+# ---- beta_negative (MDP-GRPO's asymmetric KL) -------------------------------------------------------------------
+
+def test_kl_coefficient_by_advantage_sign():
+    advantages = torch.tensor([[0.5], [-0.2], [0.0]])
+    assert kl_coefficient(0.01, None, advantages) == 0.01  # symmetric: TRL's scalar
+    # A < 0 → β− = 0.025; A ≥ 0 (zero included, as the official `where(A < 0, …)`) → β+ = 0.01
+    torch.testing.assert_close(kl_coefficient(0.01, 0.025, advantages), torch.tensor([[0.01], [0.025], [0.01]]))
+    token_adv = torch.tensor([[1.0, -1.0]])  # (B, T) advantages: per token
+    torch.testing.assert_close(kl_coefficient(0.1, 0.3, token_adv), torch.tensor([[0.1, 0.3]]))
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(beta_negative=0.025, beta=0.0), r"beta_negative=0.025 has no effect with beta=0"),
+        (dict(beta_negative=-0.1, beta=0.01), "beta_negative must be a finite number >= 0"),
+        (dict(beta_negative=float("inf"), beta=0.01), "beta_negative must be a finite number >= 0"),
+        (dict(beta_negative=0.025, beta=0.01, loss_type="luspo"), "cannot be combined with loss_type='luspo'"),
+        (dict(beta_negative=0.025, beta=0.01, entropy_coef=0.01), "unset beta_negative"),
+    ],
+)
+def test_bad_beta_negative(tmp_path, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, **kwargs)
+
+
+def test_beta_negative_good_configs(tmp_path):
+    for loss_type in ("grpo", "dapo", "cispo", "sapo", "gmpo"):
+        GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, loss_type=loss_type, beta=0.01,
+                   beta_negative=0.025)
