@@ -11,6 +11,7 @@ from .dhpo import dhpo_surrogate
 from .dppo import dppo_kl_surrogate, dppo_tv_surrogate
 from .dual_clip import dual_clip_surrogate
 from .entropy_cov import clip_cov_surrogate, kl_cov_surrogate
+from .fiberpo import fiberpo_surrogate
 from .gmpo import gmpo_surrogate
 from .gvpo import gvpo_surrogate
 from .hapo_clip import hapo_clip_bounds, hapo_clip_surrogate
@@ -37,6 +38,7 @@ __all__ = [
     "dppo_kl_surrogate",
     "dppo_tv_surrogate",
     "dual_clip_surrogate",
+    "fiberpo_surrogate",
     "gmpo_surrogate",
     "gvpo_surrogate",
     "hapo_clip_bounds",
