@@ -101,6 +101,17 @@ class ObjectiveArgs:
         (official `clip_ratio_c`; `inf` = no cap).
     hapo_clip_official_sign (`bool`, defaults to `False`): use the official code's unsigned `ĥ = |ĥ|`
         (`scale_neg = 1/neg_min`: only the upper bound ever widens) instead of the paper's signed `ĥ`.
+
+    > fiberpo
+    fiberpo_epsilon (`float`, defaults to `0.05`): FiberPO: half-width ε of the fibre band on each token's log-ratio
+        deviation from its same-sign trajectory mean; tokens outside get no gradient. Choice (the paper gives no
+        value; it asks ε ≪ C+ + C−).
+    fiberpo_c_pos (`float`, defaults to `0.28`): FiberPO: trajectory budget C+ on the mean upward log-ratio (gates
+        `A > 0` trajectories). Choice (no paper value; DAPO's clip-high reused, C− < C+ as the paper asks).
+    fiberpo_c_neg (`float`, defaults to `0.2`): FiberPO: trajectory budget C− on the mean downward log-ratio (gates
+        `A < 0` trajectories). Choice (no paper value; DAPO's clip-low reused).
+    fiberpo_rollback_slope (`float`, defaults to `1.0`): FiberPO: slope −κ of the trajectory gate beyond its budget
+        (the rollback zone); 1 = reflection, 0 = flat clip. Choice (the slope is not given to us).
     """
 
     loss_aggregation: str | None = field(
@@ -165,4 +176,11 @@ class ObjectiveArgs:
     hapo_clip_c: float = field(default=10.0, metadata={"help": "HAPO clip: dual-clip ratio cap c > 1 for A < 0."})
     hapo_clip_official_sign: bool = field(
         default=False, metadata={"help": "HAPO clip: official unsigned entropy score |h_hat| instead of the paper's."}
+    )
+    # fiberpo
+    fiberpo_epsilon: float = field(default=0.05, metadata={"help": "FiberPO: fibre band half-width on token residuals."})
+    fiberpo_c_pos: float = field(default=0.28, metadata={"help": "FiberPO: trajectory budget on mean upward log-ratio."})
+    fiberpo_c_neg: float = field(default=0.2, metadata={"help": "FiberPO: trajectory budget on mean downward log-ratio."})
+    fiberpo_rollback_slope: float = field(
+        default=1.0, metadata={"help": "FiberPO: slope -k of the trajectory gate beyond its budget (1 = reflection)."}
     )
