@@ -10,10 +10,12 @@ from .agentflow import agentflow_step_advantages
 from .dvao import dvao_advantages
 from .ebpo import ebpo_advantages
 from .focal_tailmiss import focal_tailmiss_advantages
+from .gagpo import gagpo_step_advantages
 from .gd2po import gd2po_advantages
 from .gigpo import gigpo_step_advantages
 from .gopo import gopo_advantages
 from .gpg_valid_rescale import gpg_valid_rescale_advantages
+from .graphgpo import graphgpo_step_advantages
 from .group_norm import TRL_STD_EPS, decoupled_normalized_advantages, group_normalized_advantages
 from .grpo_passk import grpo_passk_advantages
 from .hgpo import hgpo_step_advantages
@@ -41,6 +43,8 @@ __all__ = [
     "mc_grpo_advantages",
     "agentflow_step_advantages",
     "gigpo_step_advantages",
+    "gagpo_step_advantages",
+    "graphgpo_step_advantages",
     "hgpo_step_advantages",
     "decoupled_normalized_advantages",
     "dvao_advantages",

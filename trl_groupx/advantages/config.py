@@ -118,6 +118,24 @@ class AdvantageArgs:
     hgpo_length_weight_alpha (`float`, defaults to `1.0`): HGPO: level weight `(k + 1)^α`.
     hgpo_base_group (`bool`, defaults to `False`): HGPO: add the episode-level advantage as level k = 0.
     hgpo_episode_stats (`str`, defaults to `"steps"`): HGPO: statistics of the base group (official: step rows).
+    graphgpo_gamma (`float`, defaults to `0.1`): GraphGPO: step return `10·γ^d(s')` from the graph distance of the
+        next state to the goal, in (0, 1] (official recipe 0.10).
+    graphgpo_step_advantage_w (`float`, defaults to `1.0`): GraphGPO: weight of the graph step advantage.
+    graphgpo_episode_advantage_w (`float`, defaults to `1.0`): GraphGPO: weight of the episode-level advantage.
+    graphgpo_mode (`str`, defaults to `"mean_std_norm"`): GraphGPO: divide by the unbiased std + 1e-6, or
+        `"mean_norm"` (mean only).
+    graphgpo_episode_stats (`str`, defaults to `"trajectory"`): GraphGPO: episode-level statistics over episodes
+        (as `gigpo`) or over step rows (`"steps"`, the official code).
+    graphgpo_normalize_distance (`bool`, defaults to `False`): GraphGPO: step return `10·γ^(d(s') − d(s) + 1)`
+        (progress) instead of `10·γ^d(s')` (official option, off in the recipe).
+    graphgpo_success_threshold (`float`, defaults to `0.0`): GraphGPO: an episode whose reward is above this
+        reached the goal (official: `episode_rewards > 0`).
+    gagpo_gamma (`float`, defaults to `0.95`): GAGPO: discount γ of the returns and of the TD residuals.
+    gagpo_lambda (`float`, defaults to `0.95`): GAGPO: GAE λ in [0, 1] (1: return − V, 0: TD(0) residual).
+    gagpo_norm (`str`, defaults to `"mean_std"`): GAGPO: normalise the step advantages over the prompt group's
+        steps, `"mean"` (centre only) or `"none"`.
+    gagpo_reward_source (`str`, defaults to `"outcome"`): GAGPO: the episode reward on the last step (`"outcome"`)
+        or the environment's step rewards (`"steps"`).
     """
 
     advantage_estimator: str = field(
@@ -224,6 +242,29 @@ class AdvantageArgs:
     hgpo_base_group: bool = field(default=False, metadata={"help": "HGPO: add the episode level as k = 0."})
     hgpo_episode_stats: str = field(
         default="steps", metadata={"help": "HGPO: base-group stats over 'steps' (code) or 'trajectory'."}
+    )
+    # graphgpo
+    graphgpo_gamma: float = field(default=0.1, metadata={"help": "GraphGPO: step return 10*gamma**d(next) (0.10)."})
+    graphgpo_step_advantage_w: float = field(default=1.0, metadata={"help": "GraphGPO: weight of the step advantage."})
+    graphgpo_episode_advantage_w: float = field(
+        default=1.0, metadata={"help": "GraphGPO: weight of the episode advantage."}
+    )
+    graphgpo_mode: str = field(default="mean_std_norm", metadata={"help": "GraphGPO: 'mean_std_norm' or 'mean_norm'."})
+    graphgpo_episode_stats: str = field(
+        default="trajectory", metadata={"help": "GraphGPO: episode stats over 'trajectory' or 'steps' (code)."}
+    )
+    graphgpo_normalize_distance: bool = field(
+        default=False, metadata={"help": "GraphGPO: return 10*gamma**(d(next) - d(state) + 1) instead."}
+    )
+    graphgpo_success_threshold: float = field(
+        default=0.0, metadata={"help": "GraphGPO: episode reward above this reached the goal (0.0)."}
+    )
+    # gagpo
+    gagpo_gamma: float = field(default=0.95, metadata={"help": "GAGPO: discount of returns and TD residuals."})
+    gagpo_lambda: float = field(default=0.95, metadata={"help": "GAGPO: GAE lambda (1: return - V, 0: TD(0))."})
+    gagpo_norm: str = field(default="mean_std", metadata={"help": "GAGPO: 'mean_std', 'mean' or 'none' per group."})
+    gagpo_reward_source: str = field(
+        default="outcome", metadata={"help": "GAGPO: episode reward on the last step ('outcome') or 'steps'."}
     )
     # papo
     papo_outcome_reward_index: int = field(

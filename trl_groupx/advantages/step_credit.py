@@ -29,6 +29,8 @@ import torch
 
 # verl / verl-agent's epsilon in (x − mean) / (std + ε) (GiGPO, HGPO and Flow-GRPO all run on verl).
 VERL_EPS = 1e-6
+# `StepBatch.final_state` of an episode whose rollout gave no final observation (state keys are >= 0).
+NO_FINAL_STATE = -1
 
 
 @dataclass
@@ -42,19 +44,27 @@ class StepBatch:
         state (`torch.Tensor`): `(S,)` long, the anchor-state key: a hash of the environment observation the step
             acted on (`state_key`), equal for identical states. Only used by `gigpo` and `hgpo`.
         reward (`torch.Tensor`): `(S,)` float, the immediate environment reward `r_t` of the step (NaN: unscored).
+        final_state (`torch.Tensor` or `None`): optional `(E,)` long, per episode (row), the key of the observation
+            after its last step (`NO_FINAL_STATE` where the rollout did not give one); `None` when no rollout
+            gave any. Only used by `graphgpo` (the next state of an episode's last transition).
     """
 
     episode: torch.Tensor
     index: torch.Tensor
     state: torch.Tensor
     reward: torch.Tensor
+    final_state: torch.Tensor | None = None
 
     @classmethod
     def from_lists(
-        cls, states: Sequence[Sequence[Any]], rewards: Sequence[Sequence[float]] | None = None
+        cls,
+        states: Sequence[Sequence[Any]],
+        rewards: Sequence[Sequence[float]] | None = None,
+        final_states: Sequence[Any] | None = None,
     ) -> StepBatch:
         """Build from per-episode lists: `states[e][t]` is the observation (any hashable/serialisable value, hashed
-        with `state_key`) and `rewards[e][t]` the reward of step `t` of episode `e` (zeros when omitted)."""
+        with `state_key`) and `rewards[e][t]` the reward of step `t` of episode `e` (zeros when omitted);
+        `final_states[e]` (optional) the observation after the episode's last step, `None` where unknown."""
         episode, index, state, reward = [], [], [], []
         for e, ep_states in enumerate(states):
             ep_rewards = rewards[e] if rewards is not None else [0.0] * len(ep_states)
@@ -65,11 +75,18 @@ class StepBatch:
                 index.append(t)
                 state.append(state_key(s))
                 reward.append(float(r))
+        final = None
+        if final_states is not None:
+            if len(final_states) != len(states):
+                raise ValueError(f"{len(states)} episodes but {len(final_states)} final states.")
+            final = torch.tensor([NO_FINAL_STATE if f is None else state_key(f) for f in final_states],
+                                 dtype=torch.long)
         return cls(
             episode=torch.tensor(episode, dtype=torch.long),
             index=torch.tensor(index, dtype=torch.long),
             state=torch.tensor(state, dtype=torch.long),
             reward=torch.tensor(reward, dtype=torch.float32),
+            final_state=final,
         )
 
     @property
@@ -113,6 +130,8 @@ def check_steps(episode_rewards: torch.Tensor, group_size: int, steps: StepBatch
     for name in ("index", "state", "reward"):
         if getattr(steps, name).shape != (s,):
             raise ValueError(f"{flag}: StepBatch.{name} must be ({s},), got {tuple(getattr(steps, name).shape)}.")
+    if steps.final_state is not None and steps.final_state.shape != (n,):
+        raise ValueError(f"{flag}: StepBatch.final_state must be ({n},), got {tuple(steps.final_state.shape)}.")
     if s and (steps.episode.min() < 0 or steps.episode.max() >= n):
         raise ValueError(f"{flag}: StepBatch.episode must lie in [0, {n}).")
     if s and steps.index.min() < 0:
