@@ -46,7 +46,9 @@ Multi-turn step credit (`requires=("step_structure",)`, advantage variants)
     rollout_func extra fields `step_states` / `step_rewards` (TRL merges those into each row's input dict) or from
     `environment._step_structure()` (environment_factory), and writes step `j`'s advantage on the tokens of turn `j`
     (the `j`-th run of `tool_mask == 1`): the output advantages are `(B, T)`, so no token-weight variant can
-    follow.
+    follow. Optional: a rollout_func field `step_final_state` (the observation after the episode's last action)
+    fills `StepBatch.final_state` (`(N,)` keys, −1 where a row gave none; `None` when no row did); only `graphgpo`
+    reads it.
 
 Stateful variants (running baselines, priors, replay buffers, schedules) take a keyword-only `state: dict` that
 they read and update in place, with tensors and plain numbers only. The trainer passes the same dict on every

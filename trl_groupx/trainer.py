@@ -147,9 +147,11 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
         Per local row: the rollout_func extra fields `step_states` / `step_rewards` (TRL merges a rollout_func's extra
         fields into each row's input dict before scoring), else `environment._step_structure()` of the row's
         environment (`environment_factory`; private so that TRL does not expose it as a tool). States are hashed
-        here (`state_key`), so only integers and floats cross processes."""
+        here (`state_key`), so only integers and floats cross processes. An optional `step_final_state` field (the
+        observation after the episode's last step, `graphgpo`'s last transition) fills `StepBatch.final_state`."""
         local = []
         for i, row in enumerate(inputs):
+            final = row.get("step_final_state")
             if "step_states" in row:
                 states = row["step_states"]
                 rewards = row.get("step_rewards", [0.0] * len(states))
@@ -163,9 +165,12 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
                 )
             if len(rewards) != len(states):
                 raise ValueError(f"Row {i}: {len(states)} step states but {len(rewards)} step rewards.")
-            local.append(([state_key(s) for s in states], [float(r) for r in rewards]))
+            local.append(([state_key(s) for s in states], [float(r) for r in rewards],
+                          None if final is None else state_key(final)))
         rows = gather_object(local) if self.accelerator.num_processes > 1 else local
-        return StepBatch.from_lists([r[0] for r in rows], [r[1] for r in rows])
+        finals = [r[2] for r in rows]
+        return StepBatch.from_lists([r[0] for r in rows], [r[1] for r in rows],
+                                    None if all(f is None for f in finals) else finals)
 
     def apply_rollout_stages(self, output: dict[str, Any]) -> dict[str, Any]:
         """Run the sampling, advantage and token-weight stages on one generation batch; returns `output` updated.
