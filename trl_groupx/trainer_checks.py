@@ -37,6 +37,17 @@ def check_variant_components(trainer: Any, variants: dict[str, Variant]) -> None
                     f"function(s): pass the missing one (see the variant's docstring) or change {name}."
                 )
     token_variant = variants.get("token_weights")
+    if token_variant and "token_blocks" in token_variant.requires:  # one text block per reward function
+        from .token_weights.blocks import block_tags_field
+
+        flag = block_tags_field(token_variant.params)
+        tags = getattr(trainer.args, flag)
+        if len(tags) != len(trainer.reward_funcs):
+            raise ValueError(
+                f"token_weighting={token_variant.id!r} gives block k's tokens the advantage of reward_funcs[k], but "
+                f"{flag}={list(tags)!r} names {len(tags)} block(s) for {len(trainer.reward_funcs)} reward "
+                f"function(s): pass one tag per reward function, in the order of reward_funcs."
+            )
     if token_variant and "ref_logps" in token_variant.requires and trainer.beta == 0.0:
         if not is_peft_model(trainer.model):
             raise ValueError(

@@ -78,6 +78,12 @@ def test_dispatched_variant_contract(variant):
                            rewards=rewards, completion_ids=torch.randint(0, 5, (n, t)))  # the trainer always fills ids
         if "sum_pi_squared" in variant.requires:  # filled by the trainer only for variants that require it
             ctx.sum_pi_squared = logps.exp() ** 2 + 0.1 * torch.rand(n, t)
+        if "rewards_per_func" in variant.requires:  # (N, K), as the trainer fills for token variants that require it
+            ctx.rewards_per_func = torch.stack([rewards, 1.0 - rewards], dim=1)
+        if "token_blocks" in variant.requires:  # two blocks, the last token outside both, -1 on padding
+            blocks = (torch.arange(t) >= 2).long().repeat(n, 1)
+            blocks[:, -1] = -1
+            ctx.token_blocks = torch.where(mask.bool(), blocks, -1)
         out = variant.fn(torch.zeros(n), ctx, **kwargs)
         assert out.shape == (n, t) and torch.isfinite(out).all() and (out[mask == 0] == 0).all()
     elif variant.stage == "objective":

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .arithmetic_prm import arithmetic_prefix_prm
+from .confidence import confidence_brier_reward, parse_confidence
 from .consistency_grpo import StabilityReward, stability_reward
 from .ctde_marl import JointTeamReward, joint_team_reward
 from .curriculum_length import CurriculumLengthReward, budget_schedule, curriculum_length_reward
@@ -67,6 +68,7 @@ REWARD_FUNCS: dict[str, Callable[..., list[float | None]]] = {
     "joint_team_reward": joint_team_reward,
     "ton_format_reward": ton_format_reward,
     "arithmetic_prefix_prm": arithmetic_prefix_prm,
+    "confidence_brier_reward": confidence_brier_reward,
 }
 
 
@@ -94,6 +96,7 @@ __all__ = [
     "arithmetic_prefix_prm",
     "bind_training_args",
     "budget_schedule",
+    "confidence_brier_reward",
     "curriculum_length_reward",
     "dapo_overlong_reward",
     "drop_thought",
@@ -107,6 +110,7 @@ __all__ = [
     "math_accuracy_reward",
     "math_equal",
     "multi_choice_partial_reward",
+    "parse_confidence",
     "stability_reward",
     "structured_sections_reward",
     "think_answer_format_reward",

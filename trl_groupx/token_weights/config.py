@@ -98,6 +98,19 @@ class TokenWeightArgs:
     otb_handle_zero_tail (`bool`, defaults to `False`): verl's `handle_zero_tail`: when one completion of a group is
         strictly the longest, its baseline is 0 beyond the second-longest length (else ≈ its own reward, so ≈ 0
         advantage on that tail).
+
+    > blockwise_adv
+    blockwise_adv_block_tags (`list[str]`, defaults to `["answer", "confidence"]`): tag names of the text blocks, one
+        per reward function in the same order (block `k` ends at `</tag_k>` and gets only `reward_funcs[k]`'s
+        advantage; `trl_groupx/token_weights/blocks.py`).
+    blockwise_adv_scale_rewards (`bool`, defaults to `True`): divide each block's advantage by its reward's group
+        std (+1e-4), as GRPO; `False` keeps `r_k − baseline`.
+
+    > rs_grpo
+    rs_grpo_block_tags (`list[str]`, defaults to `["evidence", "answer"]`): tag names of the reward scopes, one per
+        reward function in the same order (same block rules as `blockwise_adv_block_tags`).
+    rs_grpo_scope_average (`bool`, defaults to `True`): rescale the scopes' token advantages so that a global
+        token-mean loss equals the official mean of the active scopes' token-mean losses.
     """
 
     token_weighting: str | None = field(
@@ -183,4 +196,20 @@ class TokenWeightArgs:
     # otb
     otb_handle_zero_tail: bool = field(
         default=False, metadata={"help": "OTB: zero the baseline on the unique longest completion's lone tail."}
+    )
+    # blockwise_adv
+    blockwise_adv_block_tags: list[str] = field(
+        default_factory=lambda: ["answer", "confidence"],
+        metadata={"help": "Blockwise: tag name of each block, aligned with reward_funcs."},
+    )
+    blockwise_adv_scale_rewards: bool = field(
+        default=True, metadata={"help": "Blockwise: divide each block's advantage by its reward's group std."}
+    )
+    # rs_grpo
+    rs_grpo_block_tags: list[str] = field(
+        default_factory=lambda: ["evidence", "answer"],
+        metadata={"help": "RS-GRPO: tag name of each reward scope, aligned with reward_funcs."},
+    )
+    rs_grpo_scope_average: bool = field(
+        default=True, metadata={"help": "RS-GRPO: weight scopes so the token-mean loss averages per-scope losses."}
     )
