@@ -102,6 +102,11 @@ class TokenContext:
         rewards (`torch.Tensor` or `None`): `(N,)` rewards behind the advantages.
         sum_pi_squared (`torch.Tensor` or `None`): `Σ_v π_v²` of the rollout policy's next-token distribution at each
             position (temperature-scaled, detached, 0 on padding); only for variants that require `"sum_pi_squared"`.
+        rewards_per_func (`torch.Tensor` or `None`): `(N, K)` rewards of each reward function (NaN = unscored,
+            rows dropped by the sampling stage too); only for variants that require `"rewards_per_func"`.
+        token_blocks (`torch.Tensor` or `None`): `(N, T)` long, the text block (index `k` into the variant's
+            `*_block_tags`, scored by `reward_funcs[k]`) of each completion token, `-1` outside every block and on
+            padding (`trl_groupx.token_weights.blocks`); only for variants that require `"token_blocks"`.
     """
 
     completion_mask: torch.Tensor
@@ -112,6 +117,8 @@ class TokenContext:
     completion_ids: torch.Tensor | None = None
     rewards: torch.Tensor | None = None
     sum_pi_squared: torch.Tensor | None = None
+    rewards_per_func: torch.Tensor | None = None
+    token_blocks: torch.Tensor | None = None
 
 
 @dataclass

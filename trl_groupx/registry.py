@@ -34,10 +34,13 @@ SELECTORS: dict[Stage, str] = {
 # variants) and `global_step` (which brings `total_steps` too; schedules, any stage) arrive as keyword arguments of
 # the variant's function; the others fill the stage's context. `step_structure` (advantage variants for multi-turn
 # episodes) brings `steps: StepBatch` and makes the function return per-step advantages `(S,)`, which the trainer
-# lays out on the episode's turns as `(N, T)` token advantages.
+# lays out on the episode's turns as `(N, T)` token advantages. `token_blocks` (token variants) fills
+# `TokenContext.token_blocks` from the tags in the variant's `*_block_tags` field; `rewards_per_func` also fills
+# `TokenContext.rewards_per_func` for token variants.
 KNOWN_REQUIREMENTS = frozenset(
     {"entropies", "old_logps", "ref_logps", "rewards_per_func", "group_structure", "completion_lengths", "global_step",
-     "step_structure", "sum_pi_squared", "prompt_keys", "greedy_baseline_rewards", "reference_sample_rewards"}
+     "step_structure", "sum_pi_squared", "prompt_keys", "greedy_baseline_rewards", "reference_sample_rewards",
+     "token_blocks"}
 )
 
 _ID_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")

@@ -6,6 +6,7 @@ log-probs and entropies (detached); the result replaces `advantages` and flows i
 losses accept `(B, T)` advantages. Padding never enters a statistic.
 """
 
+from .blockwise_adv import blockwise_adv_token_advantages
 from .d3s_token import d3s_token_advantages
 from .edge_grpo import edge_grpo_token_advantages
 from .gtpo import gtpo_token_advantages
@@ -15,6 +16,7 @@ from .lopti import lopti_token_advantages
 from .mu_grpo import mu_grpo_token_advantages
 from .nat import nat_token_advantages
 from .otb import otb_token_advantages
+from .rs_grpo import rs_grpo_token_advantages
 from .stapo import stapo_token_advantages
 from .frpo import frpo_token_advantages
 from .wapo import wapo_token_advantages
@@ -34,4 +36,6 @@ __all__ = [
     "temporal_credit_token_advantages",
     "nat_token_advantages",
     "otb_token_advantages",
+    "blockwise_adv_token_advantages",
+    "rs_grpo_token_advantages",
 ]
