@@ -37,6 +37,11 @@ def make_parser() -> argparse.ArgumentParser:
     t.add_argument("--gradient_checkpointing", action=argparse.BooleanOptionalAction, default=True)
     t.add_argument("--use_liger_kernel", action="store_true")
     t.add_argument("--logps_chunk_size", type=int, default=None, help="trl_groupx chunked log-probs: rows per chunk")
+    t.add_argument("--prefix_grouper", action="store_true",
+                   help="trl_groupx shared-prefix forward: each prompt encoded once per group (needs "
+                   "--no-gradient_checkpointing)")
+    t.add_argument("--generation_micro_group_size", type=int, default=None,
+                   help="trl_groupx micro sampling groups: generate() at most this many sequences at a time")
     t.add_argument("--logprob_head", default="trl-fused", choices=["trl-fused", "unfused", "liger"],
                    help="trl-fused: TRL 1.16's tiled LM head (default); unfused: full logits (older TRL)")
     t.add_argument("--beta", type=float, default=0.0)
@@ -72,6 +77,7 @@ def main(argv: list[str] | None = None) -> None:
             prompt_length=ns.prompt_length, completion_length=ns.completion_length,
             gradient_checkpointing=ns.gradient_checkpointing, use_liger_kernel=ns.use_liger_kernel,
             logps_chunk_size=ns.logps_chunk_size, logprob_head=ns.logprob_head, beta=ns.beta,
+            prefix_grouper=ns.prefix_grouper, generation_micro_group_size=ns.generation_micro_group_size,
             num_iterations=ns.num_iterations, use_vllm=ns.use_vllm, vllm_mode=ns.vllm_mode,
             vllm_gpu_memory_utilization=ns.vllm_gpu_memory_utilization,
             vllm_enable_sleep_mode=ns.vllm_enable_sleep_mode, vllm_max_model_length=ns.vllm_max_model_length,

@@ -13,6 +13,8 @@ width, `V` vocab, `r` LoRA rank, `B` per_device_train_batch_size, `T_p`/`T_c` pr
   gradients + two Adam states in the weight dtype (1 byte each with 8-bit Adam).
 * activations: GC on `2·B·T·H·L + 2·B·T·k_layer`; GC off `2·B·T·L·k_layer`; `k_layer = 4H+2q+2kv+4I` (+q+kv with
   q/k-norm, +5H+q+I with LoRA dropout, 2I instead of 4I with fused Liger kernels). fp32 activations double it.
+  With `prefix_grouper` (trl_groupx shared-prefix forward, GC off): `2·L·((U·T_p + B·T_c)·k_layer + B·T_p·2·kv)`,
+  `U` distinct prompts per micro-batch (`prompts_per_micro_batch`); its no-grad pass also holds all B rows' cache.
 * log-prob head (`logprob_head`): "trl-fused" (default; TRL 1.16 always patches GRPO's model with its fused,
   tiled LM head: hidden copy + fp32 gradient `B·T_c·H·(2+4+2)` + one 4096×32768 tile — no `B×T×V` tensor);
   "unfused" (the facts file's model of older TRL: `B·(T_c+1)·V·b_l·c + (T_c+1)·V·4`, `b_l = 2`, `c = 2`);
@@ -24,7 +26,8 @@ width, `V` vocab, `r` LoRA rank, `B` per_device_train_batch_size, `T_p`/`T_c` pr
 * vLLM colocate: its whole budget `u·M` = weights + profile activations + CUDA graphs + non-torch + KV cache.
   With sleep mode (level 2, TRL) vLLM holds only a small residual while training; generation needs `u·M` while the
   trainer holds only its weights and optimizer states.
-* transformers generate (no vLLM): KV cache of the generation batch + one layer of prefill activations.
+* transformers generate (no vLLM): KV cache of the generation batch + one layer of prefill activations; with
+  `generation_micro_group_size=k` (trl_groupx micro sampling groups) of at most k sequences.
 * fragmentation: the transient terms times `fragmentation` (1.1); CUDA context `cuda_context_gib` (0.5 GiB).
 """
 
@@ -82,6 +85,8 @@ class PlanInputs:
     cast_lm_head_to_fp32: bool = False
     logprob_head: str = "trl-fused"
     logps_chunk_size: int | None = None
+    prefix_grouper: bool = False  # shared-prefix forward (trl_groupx/memory/prefix_grouper.py); needs GC off
+    generation_micro_group_size: int | None = None  # micro sampling groups (trl_groupx/sampling/micro_groups.py)
     beta: float = 0.0
     num_iterations: int = 1
     use_vllm: bool = False
@@ -184,7 +189,8 @@ class MemoryPlan:
         if self.reference_model:
             rows.append(("reference model", self.reference_model))
         rows += [
-            ("activations (one micro-batch)", self.activations),
+            ("activations (one micro-batch" + (", shared prefix)" if self.inputs.prefix_grouper else ")"),
+             self.activations),
             (_HEAD_LABEL.get(self.inputs.logprob_head, "log-prob head") if not self.inputs.logps_chunk_size
              else "log-prob head (chunked)", self.logprob_head),
         ]
@@ -296,12 +302,34 @@ def checkpoint_bytes(i: PlanInputs) -> int:
         i.arch.hidden_size * i.arch.num_layers
 
 
+def prompts_per_micro_batch(i: PlanInputs) -> int:
+    """`U`, the distinct prompts in one training micro-batch, as the shared-prefix forward encodes them.
+
+    With `steps_per_generation == 1` the micro-batch is the whole (shuffled) generation batch, so it holds whole
+    groups: `U = B / G`. Otherwise TRL shuffles the generation batch before cutting it into micro-batches and a
+    group's rows can land in several of them. Choice: plan the worst case, `U = min(B, B·steps_per_generation / G)`
+    (every row of the micro-batch from another group, as far as there are groups), since the planner bounds the peak.
+    """
+    b, g = i.per_device_train_batch_size, i.num_generations
+    if i.steps_per_generation == 1:
+        return max(b // g, 1)
+    return min(b, max(b * i.steps_per_generation // g, 1))
+
+
 def activation_bytes(i: PlanInputs) -> int:
-    """Training activations of one micro-batch: checkpoints + one recomputed layer (GC), or all layers (no GC)."""
+    """Training activations of one micro-batch: checkpoints + one recomputed layer (GC), or all layers (no GC).
+
+    With `prefix_grouper` (GC off) the prompt goes through the layers once per distinct prompt, the completions once
+    per row, and each row's attention keeps the expanded prompt keys/values it attends to:
+    `e·L·((U·T_p + B·T_c)·k_layer + B·T_p·2·kv)`, `U` = `prompts_per_micro_batch`.
+    """
     b, t, a = i.per_device_train_batch_size, i.prompt_length + i.completion_length, i.arch
     e = _act_bytes(i)
     if i.gradient_checkpointing:
         return checkpoint_bytes(i) + e * b * t * k_layer(i)
+    if i.prefix_grouper:
+        u, tp, tc = prompts_per_micro_batch(i), i.prompt_length, i.completion_length
+        return e * a.num_layers * ((u * tp + b * tc) * k_layer(i) + b * tp * 2 * a.kv_dim)
     return e * b * t * a.num_layers * k_layer(i)
 
 
@@ -350,7 +378,12 @@ def nograd_logprob_bytes(i: PlanInputs) -> int:
     a = i.arch
     b, tc, v, h = i.per_device_train_batch_size, i.completion_length, a.vocab_size, a.hidden_size
     n, e, t = b * tc, _act_bytes(i), i.prompt_length + i.completion_length
-    layer = b * t * (2 * h + a.q_dim + 2 * a.kv_dim + 2 * a.intermediate_size) * e
+    per_token = (2 * h + a.q_dim + 2 * a.kv_dim + 2 * a.intermediate_size) * e
+    if i.prefix_grouper:  # one layer of the prompt or the completion pass + the key/value cache of all B rows
+        tokens = max(prompts_per_micro_batch(i) * i.prompt_length, b * tc)
+        layer = tokens * per_token + e * a.num_layers * 2 * a.kv_dim * b * t
+    else:
+        layer = b * t * per_token
     if i.logps_chunk_size:
         head = 5 * i.logps_chunk_size * v * 4 + n * h * e
     elif i.logprob_head in ("unfused", "liger"):  # facts §4.2 (4): not reduced by Liger
@@ -359,6 +392,14 @@ def nograd_logprob_bytes(i: PlanInputs) -> int:
         ec = _head_compute_bytes(i)
         head = n * h * ec + min(n, TRL_TOKEN_TILE) * min(v, TRL_VOCAB_TILE) * ec + 9 * 4 * n
     return layer + head
+
+
+def generation_sequences(i: PlanInputs) -> int:
+    """Sequences in one transformers `generate()` call: the per-device generation batch `B·steps_per_generation`,
+    or at most `generation_micro_group_size` of them (micro sampling groups)."""
+    gen_batch = i.per_device_train_batch_size * i.steps_per_generation
+    k = i.generation_micro_group_size
+    return gen_batch if k is None else min(k, gen_batch)
 
 
 def _weight_format(i: PlanInputs) -> str:
@@ -445,10 +486,12 @@ def _compute(i: PlanInputs) -> MemoryPlan:
     elif i.use_vllm:
         notes.append("vllm_mode='server': generation runs on another GPU; only the trainer is planned here.")
     else:
-        # transformers generate() on the whole generation batch: KV cache (weight dtype) + one layer of prefill
+        # transformers generate() on the whole generation batch, or on `generation_micro_group_size` sequences at a
+        # time: KV cache (weight dtype) + one layer of prefill
         e = _act_bytes(i)
-        kv_hf = gen_batch * t_total * 2 * a.num_layers * a.kv_dim * e
-        prefill = gen_batch * i.prompt_length * (a.hidden_size + a.q_dim + 2 * a.kv_dim + 2 * a.intermediate_size) * e
+        n_seq = generation_sequences(i)
+        kv_hf = n_seq * t_total * 2 * a.num_layers * a.kv_dim * e
+        prefill = n_seq * i.prompt_length * (a.hidden_size + a.q_dim + 2 * a.kv_dim + 2 * a.intermediate_size) * e
         hf_gen = round((kv_hf + prefill) * i.fragmentation)
 
     base = w + s + ref + ctx
@@ -506,6 +549,15 @@ def _check_inputs(i: PlanInputs) -> None:
         raise ValueError(f"logprob_head={i.logprob_head!r}: use one of {LOGPROB_HEADS}.")
     if i.logps_chunk_size is not None and (isinstance(i.logps_chunk_size, bool) or i.logps_chunk_size < 1):
         raise ValueError(f"logps_chunk_size must be a positive integer or None, got {i.logps_chunk_size!r}.")
+    k = i.generation_micro_group_size
+    if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
+        raise ValueError(f"generation_micro_group_size must be a positive integer or None, got {k!r}.")
+    if k is not None and i.use_vllm:
+        raise ValueError("generation_micro_group_size splits transformers generate() calls; vLLM pages its own KV "
+                         "cache (use_vllm=True). Drop one of the two.")
+    if i.prefix_grouper and i.gradient_checkpointing:
+        raise ValueError("prefix_grouper needs gradient_checkpointing=False (transformers drops the key/value cache "
+                         "inside checkpointed layers); pass --no-gradient_checkpointing or drop prefix_grouper.")
     for name in ("gpu_memory_gib", "fragmentation", "logits_copies"):
         if not getattr(i, name) > 0:
             raise ValueError(f"{name} must be positive, got {getattr(i, name)!r}.")
@@ -553,6 +605,8 @@ def plan_memory(
     cast_lm_head_to_fp32: bool = False,
     logprob_head: str = "trl-fused",
     logps_chunk_size: int | None = None,
+    prefix_grouper: bool = False,
+    generation_micro_group_size: int | None = None,
     beta: float = 0.0,
     num_iterations: int = 1,
     use_vllm: bool = False,
@@ -585,6 +639,10 @@ def plan_memory(
             own fused LM head, so Liger's GRPO loss is `logprob_head="liger"`.
         logprob_head: "trl-fused" (TRL 1.16, default), "unfused" (full logits, older TRL), "liger".
         logps_chunk_size: trl_groupx chunked log-probs (`GRPOConfig.logps_chunk_size`), rows per LM-head chunk.
+        prefix_grouper: trl_groupx shared-prefix forward (needs `gradient_checkpointing=False`): the prompt's
+            activations once per distinct prompt of the micro-batch.
+        generation_micro_group_size: trl_groupx micro sampling groups: transformers `generate()` on at most this
+            many sequences at a time (not with vLLM).
         use_vllm, vllm_mode, vllm_gpu_memory_utilization, vllm_enable_sleep_mode, vllm_max_model_length,
             vllm_importance_sampling_correction: as in `GRPOConfig`. vllm_enforce_eager: no CUDA graphs.
         gpu_memory_gib: the card's size (40 for an A100-40GB); torch sees `usable_fraction` (0.989) of it.
@@ -615,7 +673,7 @@ def plan_memory(
         prompt_length=prompt_length, completion_length=completion_length,
         gradient_checkpointing=gradient_checkpointing, use_liger_kernel=use_liger_kernel,
         cast_lm_head_to_fp32=cast_lm_head_to_fp32, logprob_head=logprob_head, logps_chunk_size=logps_chunk_size,
-        beta=beta, num_iterations=num_iterations, use_vllm=use_vllm, vllm_mode=vllm_mode,
+        prefix_grouper=prefix_grouper, generation_micro_group_size=generation_micro_group_size, beta=beta, num_iterations=num_iterations, use_vllm=use_vllm, vllm_mode=vllm_mode,
         vllm_gpu_memory_utilization=vllm_gpu_memory_utilization, vllm_enable_sleep_mode=vllm_enable_sleep_mode,
         vllm_max_model_length=vllm_max_model_length,
         vllm_importance_sampling_correction=vllm_importance_sampling_correction,
@@ -639,7 +697,8 @@ def plan_from_config(grpo_config, model_args=None, *, model=None, prompt_length:
 
     `model` overrides `model_args.model_name_or_path` (e.g. a local folder). TRL 1.16 has no `max_prompt_length`:
     the prompt length is `prompt_length`, else `vllm_max_model_length - max_completion_length` when that is set,
-    else 512 (said so in the plan's notes). `logps_chunk_size` (chunked log-probs) is read when the config has it.
+    else 512 (said so in the plan's notes). `logps_chunk_size` (chunked log-probs), `prefix_grouper` and
+    `generation_micro_group_size` are read when the config has them.
     """
     c, m = grpo_config, model_args
     model = model or (m.model_name_or_path if m is not None else None)
@@ -679,6 +738,8 @@ def plan_from_config(grpo_config, model_args=None, *, model=None, prompt_length:
         use_liger_kernel=bool(c.use_liger_kernel),
         cast_lm_head_to_fp32=bool(getattr(c, "cast_lm_head_to_fp32", False)),
         logps_chunk_size=getattr(c, "logps_chunk_size", None),
+        prefix_grouper=bool(getattr(c, "prefix_grouper", False)),
+        generation_micro_group_size=getattr(c, "generation_micro_group_size", None),
         beta=c.beta,
         num_iterations=c.num_iterations,
         use_vllm=bool(c.use_vllm),
@@ -747,12 +808,39 @@ def _single_changes(inputs: PlanInputs, plan: MemoryPlan) -> list[tuple[str, dic
         out.append(("use_peft=True (LoRA r=16, all-linear)", {"use_peft": True, "lora_r": 16,
                                                                "lora_target_modules": ("all-linear",)}))
     if not i.gradient_checkpointing:
-        out.append(("gradient_checkpointing=True", {"gradient_checkpointing": True}))
+        if i.prefix_grouper:
+            out.append(("gradient_checkpointing=True (drops prefix_grouper, which needs it off)",
+                        {"gradient_checkpointing": True, "prefix_grouper": False}))
+        else:
+            out.append(("gradient_checkpointing=True", {"gradient_checkpointing": True}))
+    if not i.prefix_grouper and i.num_generations > 1:
+        desc = "prefix_grouper=True (each prompt encoded once per group)"
+        if i.gradient_checkpointing:
+            desc += " + gradient_checkpointing=False (prefix_grouper needs it off)"
+        out.append((desc, {"prefix_grouper": True, "gradient_checkpointing": False}))
+    micro = _micro_group_change(i)
+    if micro is not None:
+        out.append(micro)
     if not i.logps_chunk_size:
         out.append(("logps_chunk_size=128 (chunked log-probs)", {"logps_chunk_size": 128}))
     if not i.use_liger_kernel:
         out.append(("use_liger_kernel=True", {"use_liger_kernel": True}))
     return out
+
+
+def _micro_group_change(i: PlanInputs) -> tuple[str, dict[str, Any]] | None:
+    """Micro sampling groups for transformers `generate()`: the fewest `generate()` calls c whose balanced chunk
+    size k = ceil(n / c) fits (for c calls no k has a lower peak), else k = 1 (the least generation memory); None
+    with vLLM or nothing to split. `n` is the current number of sequences per call."""
+    if i.use_vllm:
+        return None
+    current = generation_sequences(i)
+    if current <= 1:
+        return None
+    sizes = dict.fromkeys(-(-current // calls) for calls in range(2, current + 1))  # ceil, largest first, unique
+    k = next((k for k in sizes if _rerun(i, generation_micro_group_size=k).verdict == "fits"), 1)
+    return (f"generation_micro_group_size={k} (generate() {k} of {current} sequences at a time)",
+            {"generation_micro_group_size": k})
 
 
 def suggest_fixes(inputs: PlanInputs, plan: MemoryPlan | None = None) -> list[Suggestion]:
@@ -876,11 +964,14 @@ def _setting_line(i: PlanInputs) -> str:
             gen += ", sleep mode" if i.vllm_enable_sleep_mode else ""
     else:
         gen = "transformers generate()"
+        if i.generation_micro_group_size is not None:
+            gen += f" on {generation_sequences(i)} sequences at a time (generation_micro_group_size)"
     return (f"{mode}; G={i.num_generations}, B={i.per_device_train_batch_size} (x{i.gradient_accumulation_steps} "
             f"accumulation, generation batch {i.per_device_train_batch_size * i.steps_per_generation}), prompt "
             f"{i.prompt_length} + completion {i.completion_length} tokens; gradient checkpointing "
             f"{'on' if i.gradient_checkpointing else 'off'}{', Liger' if i.use_liger_kernel else ''}"
-            f"{f', logps_chunk_size={i.logps_chunk_size}' if i.logps_chunk_size else ''}; log-prob head "
+            f"{f', logps_chunk_size={i.logps_chunk_size}' if i.logps_chunk_size else ''}"
+            f"{', prefix_grouper' if i.prefix_grouper else ''}; log-prob head "
             f"{i.logprob_head}; {gen}")
 
 

@@ -27,6 +27,18 @@ class SamplingArgs:
         DAPO dynamic sampling: most generation batches per training batch (the first included) while refilling
         zero-variance groups; 0 = no cap (verl's `max_num_gen_batches`, DAPO script: 10). When reached, the missing
         groups are zero-variance ones, masked out (verl raises instead).
+    gcpo_ref_column (`str`, *optional*, defaults to `"solution"`):
+        GCPO (`rollout_filter="gcpo_ref"`): dataset column holding each prompt's reference solution (the "Golden
+        Answer"), injected as a completion into groups where every rollout failed.
+    gcpo_ref_success_threshold (`float`, *optional*, defaults to `1.0`):
+        GCPO: a rollout whose weighted reward is at least this value counts as solved (1.0 for 0/1 accuracy
+        rewards); a group with no solved scored rollout gets the reference. Our choice (the paper: "all incorrect").
+    generation_micro_group_size (`int` or `None`, *optional*, defaults to `None`):
+        Micro sampling groups (Infinite Sampling; an efficiency flag, not a variant): transformers `generate()`
+        runs on at most this many sequences at a time, so the generation KV cache and logits scale with it instead
+        of the per-device generation batch; completions are reassembled in row order (greedy: identical to one
+        call). `None` = TRL's single call. Not with `use_vllm` / `use_transformers_continuous_batching` (they page
+        their cache already). See `trl_groupx/sampling/micro_groups.py`.
     """
 
     rollout_filter: str | None = field(
@@ -46,3 +58,19 @@ class SamplingArgs:
     dapo_max_gen_batches: int = field(
         default=10, metadata={"help": "DAPO dynamic sampling: max generation batches per training batch (0 = no cap)."}
     )
+    gcpo_ref_column: str = field(
+        default="solution", metadata={"help": "GCPO: dataset column with the reference solution of each prompt."}
+    )
+    gcpo_ref_success_threshold: float = field(
+        default=1.0, metadata={"help": "GCPO: reward at or above which a rollout counts as solved."}
+    )
+    generation_micro_group_size: int | None = field(
+        default=None,
+        metadata={"help": "Micro sampling groups: generate() at most this many sequences at a time (None = off)."},
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()  # type: ignore[misc]
+        from .micro_groups import validate as validate_micro_groups
+
+        validate_micro_groups(self)
