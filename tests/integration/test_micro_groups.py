@@ -115,3 +115,17 @@ def test_benchmark_smoke(tmp_path):
     assert [r["case"] for r in rows] == ["trl", "k=4"]
     assert rows[0]["completions"] == rows[1]["completions"] and rows[0]["tokens"] == 16 * 3
     assert "identical to plain TRL in every case (greedy): yes" in out.read_text()
+
+
+def test_train_loop_with_gradient_checkpointing_and_lora(tmp_path):
+    """`Trainer.train()` for two optimizer steps, each on a buffered generation batch of 8 rows cut into two
+    micro-batches (steps_per_generation = 2): each chunk enters and leaves TRL's generation context (gradient
+    checkpointing off, then on again)."""
+    t = build_trainer(GRPOTrainer, GRPOConfig, tmp_path, peft=True, generation_micro_group_size=3,
+                      gradient_checkpointing=True, max_steps=2, steps_per_generation=2, gradient_accumulation_steps=2,
+                      per_device_train_batch_size=4)
+    sizes = _spy_generate_batches(t)
+    t.train()
+    assert sizes == [3, 3, 2] * 2  # per optimizer step, one generation batch of 4 x 2 rows
+    losses = [h["loss"] for h in t.state.log_history if "loss" in h]
+    assert len(losses) == 2 and all(torch.isfinite(torch.tensor(float(x))) for x in losses)
