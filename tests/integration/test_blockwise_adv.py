@@ -24,8 +24,9 @@ TEXTS = [
 ]
 # r_a = [1, 1, 0, 0 | 1, 0, 0, 1], r_b = [1, 0, 1, NaN | 1, 1, 0, 0]. Unscaled (blockwise_adv_scale_rewards=False):
 #   block 0: r_a − group mean 0.5 → [.5, .5, −.5, −.5 | .5, −.5, −.5, .5]
-#   block 1: stratum of equal r_a; group 0: {0, 1} mean r_b 0.5 → +.5, −.5; {2, 3}: only row 2 scored → 0, row 3 NaN
-#   → 0; group 1: {4, 7} mean 0.5 → +.5 (row 4), −.5 (row 7); {5, 6} mean 0.5 → +.5 (row 5), −.5 (row 6)
+#   block 1: stratum of equal r_a; group 0: {0, 1} mean r_b 0.5 → +.5, −.5; {2, 3}: only row 2 scored → 0,
+#   row 3 NaN → 0; group 1: {4, 7} mean 0.5 → +.5 (row 4), −.5 (row 7); {5, 6} mean 0.5 → +.5 (row 5),
+#   −.5 (row 6)
 BLOCK0 = [0.5, 0.5, -0.5, -0.5, 0.5, -0.5, -0.5, 0.5]
 BLOCK1 = [0.5, -0.5, 0.0, 0.0, 0.5, 0.5, -0.5, -0.5]
 

@@ -82,9 +82,9 @@ def blockwise_adv_token_advantages(
         A_k(i) = (r_k(i) − mean_{j∈g: r_{k−1}(j) = r_{k−1}(i)} r_k(j)) / (std_g r_k + 1e-4)      k ≥ 1
         A_{i,t} = A_{b(i,t)}(i)  if token t is in block b(i,t),  0 outside every block and on padding
 
-    so the tokens of block 1 never see `r_2`. The Outcome-Conditioned Baseline approximates the value of the state
-    after block `k−1` by the mean of `r_k` over the group's rollouts that reached the same intermediate outcome,
-    without nested rollouts (paper abstract).
+    so the tokens of block 0 never see `r_1` (in the paper's 1-based words: block 1 never receives r2's signal).
+    The Outcome-Conditioned Baseline approximates the value of the state after block `k−1` by the mean of `r_k`
+    over the group's rollouts that reached the same intermediate outcome, without nested rollouts (paper abstract).
 
     Shapes: `advantages` `(N,)` (unused: the variant recomputes advantages from the rewards,
     `replaces=("advantages",)`), `ctx.rewards_per_func` `(N, K)`, `ctx.token_blocks` `(N, T)` long in `[-1, K)`,
@@ -100,7 +100,7 @@ def blockwise_adv_token_advantages(
       in its stratum gets advantage 0 for that block (no other rollout reached the same state).
     - Choice (normalisation): each block is divided by its reward's std over the whole group (Bessel, ε = 1e-4,
       TRL's GRPO scale) with `blockwise_adv_scale_rewards=True` (default, as GRPO), not by the stratum's std,
-      which is 0 for most strata of binary rewards; `False` keeps the raw differences (Dr. GRPO style).
+      which is 0 or undefined in the small strata of a group; `False` keeps the raw differences (Dr. GRPO style).
     - Choice (blocks): untagged text before a block's closing tag belongs to that block (reasoning before
       `<answer>` is credited with the answer's reward), tokens after the last block's closing tag are outside
       (advantage 0), an unclosed block (truncated completion) runs to the end; see `blocks.py`.

@@ -91,8 +91,8 @@ def rs_grpo_token_advantages(advantages: torch.Tensor, ctx: TokenContext, *, rs_
       to the end), found as the first occurrence of the tag's token ids;
     - loss: `trainer/core_algos.py:average_loss` mode `"router"` (l.362-388) and `compute_policy_loss`
       (l.391-472): dual-clip PPO (clip 0.2 / 0.28, dual 3) per scope, each scope's loss the token mean over its
-      own tokens; `workers/actor/dp_actor.py:DataParallelPPOActor.update_policy` (l.286) sums the per-scope losses and divides by the
-      number of non-zero ones: `L = Σ_k L_k / #{k: L_k ≠ 0}`.
+      own tokens; `workers/actor/dp_actor.py:DataParallelPPOActor.update_policy` (l.286) sums the per-scope losses
+      and divides by the number of non-zero ones: `L = Σ_k L_k / #{k: L_k ≠ 0}`.
 
     The loss part without an objective-stage change: every objective's per-token surrogate is positively
     homogeneous in the advantage (`ℓ(cA) = c·ℓ(A)` for `c > 0`, PPO clip and dual clip included), so with disjoint

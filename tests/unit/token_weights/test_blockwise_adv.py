@@ -92,7 +92,8 @@ def test_nan_rewards():
     # r0 = [1, NaN, 0, 0]: block 0 mean over {1, 0, 0} = 1/3 → [2/3, 0 (unscored), −1/3, −1/3]
     # r1 = [0.9, 0.2, NaN, 0.1]:
     #   row 0: stratum r0 = 1 → {0} → 0.9 − 0.9 = 0
-    #   row 1: its outcome r0 is NaN → group mean of the scored r1 = (0.9 + 0.2 + 0.1)/3 = 0.4 → 0.2 − 0.4 = −0.2
+    #   row 1: its outcome r0 is NaN → group mean of the scored r1 = (0.9 + 0.2 + 0.1)/3 = 0.4
+    #          → 0.2 − 0.4 = −0.2
     #   row 2: r1 NaN → 0;   row 3: stratum r0 = 0 → {2, 3}, scored {3} → 0.1 − 0.1 = 0
     rewards = torch.tensor([[1.0, 0.9], [NAN, 0.2], [0.0, NAN], [0.0, 0.1]])
     adv = outcome_conditioned_advantages(rewards, 4, scale_rewards=False)
