@@ -17,6 +17,7 @@ from .mu_grpo import mu_grpo_token_advantages
 from .nat import nat_token_advantages
 from .otb import otb_token_advantages
 from .rs_grpo import rs_grpo_token_advantages
+from .s_grpo_tspmo import s_grpo_tspmo_token_advantages
 from .stapo import stapo_token_advantages
 from .frpo import frpo_token_advantages
 from .wapo import wapo_token_advantages
@@ -38,4 +39,5 @@ __all__ = [
     "otb_token_advantages",
     "blockwise_adv_token_advantages",
     "rs_grpo_token_advantages",
+    "s_grpo_tspmo_token_advantages",
 ]

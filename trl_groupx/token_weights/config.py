@@ -111,6 +111,13 @@ class TokenWeightArgs:
         reward function in the same order (same block rules as `blockwise_adv_block_tags`).
     rs_grpo_scope_average (`bool`, defaults to `True`): rescale the scopes' token advantages so that a global
         token-mean loss equals the official mean of the active scopes' token-mean losses.
+
+    > s_grpo_tspmo
+    s_grpo_tspmo_credit (`str`, defaults to `"prefix"`): `"prefix"` (T-SPMO: each token gets the change in mean
+        advantage between its prefix-trie node and the node before it; shared-prefix tokens get 0) or `"sequence"`
+        (S-GRPO: the sequence advantage on every kept token).
+    s_grpo_tspmo_keep_prob (`float`, defaults to `1.0`): probability that a real token enters the loss (S-GRPO's
+        stochastic token subset; kept tokens weighted by 1/q as NAT's URS); 1 keeps every token.
     """
 
     token_weighting: str | None = field(
@@ -212,4 +219,11 @@ class TokenWeightArgs:
     )
     rs_grpo_scope_average: bool = field(
         default=True, metadata={"help": "RS-GRPO: weight scopes so the token-mean loss averages per-scope losses."}
+    )
+    # s_grpo_tspmo
+    s_grpo_tspmo_credit: str = field(
+        default="prefix", metadata={"help": "S-GRPO/T-SPMO: 'prefix' (T-SPMO trie credit) or 'sequence' (S-GRPO)."}
+    )
+    s_grpo_tspmo_keep_prob: float = field(
+        default=1.0, metadata={"help": "S-GRPO/T-SPMO: probability a token enters the loss (weighted by 1/q)."}
     )
