@@ -36,6 +36,10 @@ def check_variant_components(trainer: Any, variants: dict[str, Variant]) -> None
                     f"{getattr(trainer.args, name)}, but the trainer was given {len(trainer.reward_funcs)} reward "
                     f"function(s): pass the missing one (see the variant's docstring) or change {name}."
                 )
+    if getattr(variants.get("sampling"), "id", None) == "gcpo_ref":  # reference column, single-turn generation
+        from .sampling.reference_injection import check_reference_injection
+
+        check_reference_injection(trainer)
     token_variant = variants.get("token_weights")
     if token_variant and "token_blocks" in token_variant.requires:  # one text block per reward function
         from .token_weights.blocks import block_tags_field

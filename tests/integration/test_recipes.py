@@ -27,6 +27,7 @@ TOY_OVERRIDES = {
     "lopti": ["--temperature", "1.0"],  # at 0.7 the toy model's groups are all-equal: nothing to learn in one step
     "edge_grpo": ["--temperature", "1.0"],  # same, at 0.6
     "thinkless": ["--temperature", "1.0"],  # same, at 0.6
+    "gcpo_ref": ["--gcpo_ref_column", "answer"],  # the toy dataset's reference column (the recipe's: solution)
 }
 
 
