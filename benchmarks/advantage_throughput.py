@@ -64,6 +64,9 @@ def estimator_calls(num_rewards: int = 2):
                 extra["prompt_keys"] = torch.arange(r.numel()) // g
             if "global_step" in variant.requires:
                 extra.update(global_step=0, total_steps=1)
+            for name in ("greedy_baseline_rewards", "reference_sample_rewards"):  # the extra completion's reward
+                if name in variant.requires:
+                    extra[name] = r.flip(0)
             if "step_structure" in variant.requires:
                 extra["steps"] = _STEPS[(r.numel(), g)]
             return fn(rk if per_func else r, g, **kwargs, **extra)

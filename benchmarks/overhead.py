@@ -84,7 +84,8 @@ def measure(name: str, flags: dict, steps: int, tmp: Path) -> dict:
     requires = set() if name == "no flag" else set(trl_groupx.get_variant(name).requires)
     # a second reward function only where the variant reads the per-function rewards (others expect [0, 1] rewards)
     rewards = [parity_reward, length_reward] if "rewards_per_func" in requires else [parity_reward]
-    peft = "ref_logps" in requires  # the base model under the adapter is the reference (no second model)
+    # the base model under the adapter is the reference (no second model)
+    peft = bool({"ref_logps", "reference_sample_rewards"} & requires)
     sizes = batch_flags(flags)
     if "step_structure" in requires:  # multi-turn step credit: both trainers play the shipped counter game
         from trl_groupx.toy.counter_rollout import make_counter_game_rollout

@@ -16,6 +16,7 @@ each named; see `reward_checks.py`).
 from __future__ import annotations
 
 import copy
+import functools
 import os
 from typing import Any
 
@@ -91,6 +92,7 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
         if self._baseline_requirement:
             check_baseline_rollouts(self, adv_variant.id, self._baseline_requirement)
         self._baseline_rewards: torch.Tensor | None = None
+        self._generating_baseline = False  # set while those extra completions are generated
         # Per stateful variant: the dict its function updates in place; saved with every checkpoint.
         self.variant_state: dict[str, dict[str, Any]] = {v.id: {} for v in self.variants.values() if v.stateful}
 
@@ -283,15 +285,28 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             model = self.accelerator.unwrap_model(self.model)
             with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None):
                 ref, _ = self._rollout_logps(output, self.model, compute_entropy=False)
+        completion_mask = self._gather_padded(output["completion_mask"])
+        completion_ids = self._gather_padded(output["completion_ids"])
+        rewards_per_func = token_blocks = None
+        if "rewards_per_func" in requires:  # NaN where `rewards` is: unscored, or dropped by the sampling stage
+            rewards_per_func = self._rewards_per_func.clone()
+            rewards_per_func[torch.isnan(rewards)] = torch.nan
+        if "token_blocks" in requires:  # each token's text block, from the tags of the variant's *_block_tags field
+            from .token_weights.blocks import block_tags_field, token_block_ids
+
+            tags = getattr(self.args, block_tags_field(self.variants["token_weights"].params))
+            token_blocks = token_block_ids(completion_ids, completion_mask, self.processing_class, tags)
         return TokenContext(
-            completion_mask=self._gather_padded(output["completion_mask"]),
+            completion_mask=completion_mask,
             group_size=group_size,
             entropies=self._gather_padded(entropies),
             logps=self._gather_padded(logps),
             ref_logps=self._gather_padded(ref),
-            completion_ids=self._gather_padded(output["completion_ids"]),
+            completion_ids=completion_ids,
             rewards=rewards,
             sum_pi_squared=self._gather_padded(sum_pi_squared),
+            rewards_per_func=rewards_per_func,
+            token_blocks=token_blocks,
         )
 
     def _rollout_logps(
@@ -381,6 +396,26 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             self, model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
             compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **multimodal,
         )
+
+    # ---- generation ---------------------------------------------------------------------------------------------
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        """TRL's method, run on chunks of at most `generation_micro_group_size` rows when that is set
+        (`sampling/micro_groups.py`), and once per temperature of `generation_temperatures` when those apply to this
+        batch's group size (`sampling/temperatures.py`; not for the extra baseline completions of remax/aapo)."""
+        generate = super()._generate_single_turn
+        if getattr(self.args, "generation_micro_group_size", None) is not None:
+            from .sampling.micro_groups import generate_in_micro_groups
+
+            generate = functools.partial(generate_in_micro_groups, self, generate)
+        temperatures = getattr(self.args, "generation_temperatures", None)
+        group_size = self.num_generations if self.model.training else self.num_generations_eval
+        if temperatures is not None and len(temperatures) == group_size and not self._generating_baseline:
+            from .sampling.temperatures import generate_at_temperatures
+
+            return generate_at_temperatures(self, generate, prompt_ids, images, multimodal_fields, num_generations,
+                                            has_tool_images)
+        return generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
 
     # ---- objective ----------------------------------------------------------------------------------------------
 

@@ -120,8 +120,9 @@ def mdp_grpo_advantages(
     - NaN rewards (unscored) are left out of the group mean/std and get 0; `G` in σ_goal stays the configured
       group size (as the official code). An all-NaN group gets 0. ±inf rewards raise a `ValueError`.
     - `G = 1`: std 0 ⇒ z = 0, so only the goal anchor acts.
-    - Multi-temperature sampling and the asymmetric KL of MDP-GRPO belong to the sampling and objective stages and
-      are not provided by this flag.
+    - Multi-temperature sampling and the asymmetric KL of MDP-GRPO are separate flags, `generation_temperatures`
+      (`trl_groupx/sampling/temperatures.py`) and `beta_negative` (`trl_groupx/objective/kl.py`); the recipe
+      `recipes/mdp_grpo.yaml` sets all three parts.
 
     Args:
         rewards (`torch.Tensor`): `(N,)` rewards in [0, 1], groups of `group_size` contiguous, NaN where unscored.

@@ -104,8 +104,12 @@ def baseline_rewards(trainer: Any, inputs: list[dict[str, Any]], requirement: st
     if images is not None or multimodal_fields:
         raise ValueError("Baseline rollouts (remax, aapo) support text prompts only.")
     was_training = trainer.model.training
-    with _generating_with(trainer, policy):
-        completion_ids, _ = trainer._generate_single_turn(prompt_ids, None, {}, 1)
+    trainer._generating_baseline = True  # one completion per chosen row, at the run's own sampling settings
+    try:
+        with _generating_with(trainer, policy):
+            completion_ids, _ = trainer._generate_single_turn(prompt_ids, None, {}, 1)
+    finally:
+        trainer._generating_baseline = False
     trainer.model.train(was_training)
     texts = trainer.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
     if is_conversational({"prompt": prompts[0]}):

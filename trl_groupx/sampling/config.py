@@ -33,6 +33,10 @@ class SamplingArgs:
     gcpo_ref_success_threshold (`float`, *optional*, defaults to `1.0`):
         GCPO: a rollout whose weighted reward is at least this value counts as solved (1.0 for 0/1 accuracy
         rewards); a group with no solved scored rollout gets the reference. Our choice (the paper: "all incorrect").
+    generation_temperatures (`list[float]` or `None`, *optional*, defaults to `None`):
+        MDP-GRPO's rollout diversity: completion `j` of every prompt is sampled at `generation_temperatures[j]`
+        (length `num_generations`; paper `[0.1, 0.4, 0.7, 1.0]`). Log-probs still use `temperature` for every row
+        (official code; set `temperature=1.0`). Transformers generation only. See `trl_groupx/sampling/temperatures.py`.
     generation_micro_group_size (`int` or `None`, *optional*, defaults to `None`):
         Micro sampling groups (Infinite Sampling; an efficiency flag, not a variant): transformers `generate()`
         runs on at most this many sequences at a time, so the generation KV cache and logits scale with it instead
@@ -64,6 +68,10 @@ class SamplingArgs:
     gcpo_ref_success_threshold: float = field(
         default=1.0, metadata={"help": "GCPO: reward at or above which a rollout counts as solved."}
     )
+    generation_temperatures: list[float] | None = field(
+        default=None,
+        metadata={"help": "MDP-GRPO: one sampling temperature per completion of a group (len = num_generations)."},
+    )
     generation_micro_group_size: int | None = field(
         default=None,
         metadata={"help": "Micro sampling groups: generate() at most this many sequences at a time (None = off)."},
@@ -74,3 +82,6 @@ class SamplingArgs:
         from .micro_groups import validate as validate_micro_groups
 
         validate_micro_groups(self)
+        from .temperatures import validate as validate_temperatures
+
+        validate_temperatures(self)
