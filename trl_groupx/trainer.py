@@ -111,6 +111,10 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             from .sampling.dapo_dynamic_sampling import refill_generation_batch
 
             inputs, output = refill_generation_batch(self, inputs, output, super()._generate_and_score_completions)
+        if getattr(self.variants.get("sampling"), "id", None) == "gcpo_ref" and self.model.training:  # GCPO
+            from .sampling.reference_injection import inject_reference_solutions
+
+            output = inject_reference_solutions(self, inputs, output)
         if self._rewrites_rollouts:
             self._steps = self._collect_steps(inputs) if self._needs_steps else None
             if self._baseline_requirement:

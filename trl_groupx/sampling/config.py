@@ -33,6 +33,10 @@ class SamplingArgs:
     gcpo_ref_success_threshold (`float`, *optional*, defaults to `1.0`):
         GCPO: a rollout whose weighted reward is at least this value counts as solved (1.0 for 0/1 accuracy
         rewards); a group with no solved scored rollout gets the reference. Our choice (the paper: "all incorrect").
+    gcpo_ref_template (`str`, *optional*, defaults to `"{ref}"`):
+        GCPO: the injected completion's text, with `{ref}` replaced by the column's value (plain substitution, so
+        LaTeX braces need no escaping), e.g. `"The final answer is $\\boxed{{ref}}$."` when the column holds bare
+        answers that the reward function only reads from a box.
     generation_temperatures (`list[float]` or `None`, *optional*, defaults to `None`):
         MDP-GRPO's rollout diversity: completion `j` of every prompt is sampled at `generation_temperatures[j]`
         (length `num_generations`; paper `[0.1, 0.4, 0.7, 1.0]`). Log-probs still use `temperature` for every row
@@ -67,6 +71,9 @@ class SamplingArgs:
     )
     gcpo_ref_success_threshold: float = field(
         default=1.0, metadata={"help": "GCPO: reward at or above which a rollout counts as solved."}
+    )
+    gcpo_ref_template: str = field(
+        default="{ref}", metadata={"help": "GCPO: injected completion text; '{ref}' is replaced by the reference."}
     )
     generation_temperatures: list[float] | None = field(
         default=None,
