@@ -72,8 +72,11 @@ def build(variant, tmp_path, rewards, **overrides):
     if "step_structure" in variant.requires:  # multi-turn step credit: the shipped counter game with a step record
         extra["rollout_func"] = make_counter_game_rollout()
         overrides.setdefault("max_completion_length", 64)
-    return build_trainer(trl_groupx.GRPOTrainer, GRPOConfig, tmp_path, peft="ref_logps" in variant.requires,
-                         reward_funcs=reward_funcs, **extra, **toy_flags(variant, **overrides))
+    if "gcpo_ref_column" in variant.params:  # the toy dataset's reference column
+        overrides.setdefault("gcpo_ref_column", "answer")
+    peft = bool({"ref_logps", "reference_sample_rewards"} & set(variant.requires))  # the base is the reference
+    return build_trainer(trl_groupx.GRPOTrainer, GRPOConfig, tmp_path, peft=peft, reward_funcs=reward_funcs, **extra,
+                         **toy_flags(variant, **overrides))
 
 
 def assert_trains(trainer):
