@@ -30,3 +30,4 @@ __all__ = ["RolloutBatch", "apply_keep_mask"]
 from . import d3s, gfpo, zero_variance_filter  # noqa: F401  (registers the variants)
 from . import dapo_dynamic_sampling  # noqa: F401  (registers the variant)
 from . import gcpo_ref  # noqa: F401  (registers the variant)
+from . import vade  # noqa: F401  (registers the variant and its prompt selection)

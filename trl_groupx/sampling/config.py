@@ -47,6 +47,15 @@ class SamplingArgs:
         of the per-device generation batch; completions are reassembled in row order (greedy: identical to one
         call). `None` = TRL's single call. Not with `use_vllm` / `use_transformers_continuous_batching` (they page
         their cache already). See `trl_groupx/sampling/micro_groups.py`.
+    vade_success_threshold (`float`, *optional*, defaults to `1.0`):
+        VADE (`rollout_filter="vade"`): a rollout whose weighted reward is at least this value is a success of its
+        prompt's Beta posterior (1.0 for 0/1 accuracy rewards). See `trl_groupx/sampling/vade.py`.
+    vade_decay_slow (`float`, *optional*, defaults to `0.99`):
+        VADE: every generation batch, each prompt's posterior keeps this fraction of its evidence beyond the prior
+        Beta(1, 1) (slow scale of the two-scale decay; our choice, half-life ≈ 69 batches). In (0, 1].
+    vade_decay_fast (`float`, *optional*, defaults to `0.8`):
+        VADE: a revisited prompt's evidence is further scaled by this before its new group is added (fast scale;
+        our choice). In (0, 1].
     """
 
     rollout_filter: str | None = field(
@@ -82,6 +91,15 @@ class SamplingArgs:
     generation_micro_group_size: int | None = field(
         default=None,
         metadata={"help": "Micro sampling groups: generate() at most this many sequences at a time (None = off)."},
+    )
+    vade_success_threshold: float = field(
+        default=1.0, metadata={"help": "VADE: reward at or above which a rollout counts as a success."}
+    )
+    vade_decay_slow: float = field(
+        default=0.99, metadata={"help": "VADE: per-batch decay of every posterior toward the prior, in (0, 1]."}
+    )
+    vade_decay_fast: float = field(
+        default=0.8, metadata={"help": "VADE: extra decay of a revisited prompt's posterior, in (0, 1]."}
     )
 
     def __post_init__(self) -> None:
