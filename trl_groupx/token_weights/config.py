@@ -118,6 +118,21 @@ class TokenWeightArgs:
         (S-GRPO: the sequence advantage on every kept token).
     s_grpo_tspmo_keep_prob (`float`, defaults to `1.0`): probability that a real token enters the loss (S-GRPO's
         stochastic token subset; kept tokens weighted by 1/q as NAT's URS); 1 keeps every token.
+
+    > gcpo_guidance
+    gcpo_guidance_top_fraction (`float`, defaults to `0.4`): x of the rank power law `w = p^α`, α = log(1 − y) /
+        log(1 − x) − 1 (official x = 40/100).
+    gcpo_guidance_top_mass (`float`, defaults to `0.8`): y, the share of the weight the top x of the tokens carry
+        (official y = 80/100; with x = 0.4, α ≈ 2.1507).
+    gcpo_guidance_ties (`str`, defaults to `"position"`): equal divergences ranked by position (official argsort, so
+        identical prompts give a ramp) or `"average"` (mean rank: identical prompts give GRPO's uniform weights).
+    gcpo_guidance_negative_template (`str`, defaults to `"{prompt}, but generate the wrong answer"`): the negative
+        prompt; `{prompt}` is replaced by the row's prompt text (its last user message when conversational).
+        Official default (negative_prompt_type="wrong_answer"); the official runs used a template file ending in
+        "Note: Intentionally generate an incorrect answer.".
+    gcpo_guidance_negative_prompt_fn (`str` or `None`, defaults to `None`): dotted import path
+        `"package.module.function"` of a callable mapping a row's prompt (text or message list) to its negative
+        prompt (same form); replaces the template. A path, not a callable, so the config stays serialisable.
     """
 
     token_weighting: str | None = field(
@@ -226,4 +241,22 @@ class TokenWeightArgs:
     )
     s_grpo_tspmo_keep_prob: float = field(
         default=1.0, metadata={"help": "S-GRPO/T-SPMO: probability a token enters the loss (weighted by 1/q)."}
+    )
+    # gcpo_guidance
+    gcpo_guidance_top_fraction: float = field(
+        default=0.4, metadata={"help": "GCPO: top token fraction x of the rank power law (alpha from x, y)."}
+    )
+    gcpo_guidance_top_mass: float = field(
+        default=0.8, metadata={"help": "GCPO: weight share y carried by the top x tokens."}
+    )
+    gcpo_guidance_ties: str = field(
+        default="position", metadata={"help": "GCPO: tied divergences ranked by 'position' (official) or 'average'."}
+    )
+    gcpo_guidance_negative_template: str = field(
+        default="{prompt}, but generate the wrong answer",
+        metadata={"help": "GCPO: negative prompt; '{prompt}' is replaced by the row's prompt text."},
+    )
+    gcpo_guidance_negative_prompt_fn: str | None = field(
+        default=None,
+        metadata={"help": "GCPO: dotted path of a callable prompt -> negative prompt (replaces the template)."},
     )
