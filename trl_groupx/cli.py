@@ -84,6 +84,10 @@ def main(argv: list[str] | None = None) -> None:
     ns = parser.parse_args(argv)
     if ns.command == "list":
         print(format_variants(ns.stage))
+        if ns.stage is None:  # rollout structures (recipe `rollout:`) are not stage variants
+            from .rollouts import format_rollouts
+
+            print(format_rollouts())
 
 
 if __name__ == "__main__":

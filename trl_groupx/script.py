@@ -69,6 +69,18 @@ def _script_arguments_cls():
         rollout: str | None = field(
             default=None, metadata={"help": "Multi-turn rollout by registered name (see ROLLOUTS), e.g. counter_game."}
         )
+        num_rounds: int | None = field(
+            default=None, metadata={"help": "rollout=multi_round (MOTIF): thinking rounds per rollout (default 3)."}
+        )
+        multi_round_futures: int | None = field(
+            default=None, metadata={"help": "rollout=multi_round: later-round trajectories per rollout (default 4)."}
+        )
+        multi_round_future_model: str | None = field(
+            default=None, metadata={"help": "rollout=multi_round: 'policy' (default) or 'base' samples rounds 2..k."}
+        )
+        multi_round_max_tokens: int | None = field(
+            default=None, metadata={"help": "rollout=multi_round: new tokens per later round (max_completion_length)."}
+        )
         plan: bool = field(
             default=False, metadata={"help": "Print the memory plan (docs/memory.md) and exit without training."}
         )
@@ -83,9 +95,27 @@ def _script_arguments_cls():
 
 def _rollouts() -> dict[str, Callable[[], Any]]:
     """Named multi-turn rollouts (TRL `rollout_func` factories) a recipe can select with `rollout:`."""
+    from .rollouts import make_multi_round_rollout
     from .toy.counter_rollout import make_counter_game_rollout
 
-    return {"counter_game": make_counter_game_rollout}
+    return {"counter_game": make_counter_game_rollout, "multi_round": make_multi_round_rollout}
+
+
+_MULTI_ROUND_ARGS = {"num_rounds": "num_rounds", "multi_round_futures": "num_futures",
+                     "multi_round_future_model": "future_model", "multi_round_max_tokens": "max_round_tokens"}
+
+
+def _rollout_kwargs(script_args, training_args) -> dict[str, Any]:
+    """Factory arguments of the recipe's rollout (only multi_round takes any); refuses them for other rollouts."""
+    given = {k: getattr(script_args, k) for k in _MULTI_ROUND_ARGS if getattr(script_args, k) is not None}
+    if script_args.rollout != "multi_round":
+        if given:
+            raise ValueError(f"{sorted(given)}: only for rollout: multi_round (got rollout={script_args.rollout!r}).")
+        return {}
+    if training_args.use_vllm:
+        raise ValueError("rollout: multi_round generates every round with transformers on the trainer's model; "
+                         "set use_vllm: false.")
+    return {_MULTI_ROUND_ARGS[k]: v for k, v in given.items()}
 
 
 def resolve_reward_funcs(names: list[str], allow_imports: bool) -> list[Callable[..., Any]]:
@@ -133,10 +163,11 @@ def build_trainer(script_args, training_args, model_args):
             script_args.dataset_train_split
         ]
     rollout_func = None
+    rollout_kwargs = _rollout_kwargs(script_args, training_args)
     if script_args.rollout is not None:
         if script_args.rollout not in _rollouts():
             raise ValueError(f"rollout: unknown rollout {script_args.rollout!r}; registered: {sorted(_rollouts())}.")
-        rollout_func = _rollouts()[script_args.rollout]()
+        rollout_func = _rollouts()[script_args.rollout](**rollout_kwargs)
     rewards = [arithmetic_reward] if script_args.toy else resolve_reward_funcs(
         script_args.reward_funcs, script_args.allow_reward_imports
     )

@@ -26,6 +26,7 @@ from .dagger import ExecutableGraphReward, GraphError, executable_graph_reward, 
 from .format import TagFormatReward, think_answer_format_reward, think_format_reward
 from .grpo_asr import WERReward, wer, wer_reward
 from .math import answer_accuracy_reward, math_accuracy_reward, math_equal
+from .motif import motif_outcome_reward
 from .overlong import DAPOOverlongReward, dapo_overlong_reward
 from .purge import ForbiddenConceptReward, forbidden_concept_reward
 from .timemaster import StructuredSectionsReward, structured_sections_reward
@@ -47,6 +48,7 @@ APPLICATION_REWARDS: dict[str, tuple[str, ...]] = {
     "timemaster": ("structured_sections_reward",),
     "ctde_marl": ("joint_team_reward",),
     "ton": ("ton_format_reward",),
+    "motif": ("motif_outcome_reward",),  # with the multi_round rollout (trl_groupx/rollouts)
 }
 
 #: Registered reward name → reward function (instances carry the papers' default parameters).
@@ -69,6 +71,7 @@ REWARD_FUNCS: dict[str, Callable[..., list[float | None]]] = {
     "ton_format_reward": ton_format_reward,
     "arithmetic_prefix_prm": arithmetic_prefix_prm,
     "confidence_brier_reward": confidence_brier_reward,
+    "motif_outcome_reward": motif_outcome_reward,
 }
 
 
@@ -109,6 +112,7 @@ __all__ = [
     "language_consistency_reward",
     "math_accuracy_reward",
     "math_equal",
+    "motif_outcome_reward",
     "multi_choice_partial_reward",
     "parse_confidence",
     "stability_reward",
