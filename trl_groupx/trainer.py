@@ -352,6 +352,18 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             kwargs["state"] = state if self.model.training else copy.deepcopy(state)
         return variant.fn(*args, **kwargs)
 
+    # ---- prompt selection (sampling/prompt_sampler.py) ---------------------------------------------------------
+
+    def _get_train_sampler(self, dataset=None):
+        from .sampling.prompt_sampler import build_train_sampler
+
+        return build_train_sampler(self, dataset, super()._get_train_sampler)
+
+    def _prepare_inputs(self, generation_batch):
+        from .sampling.prompt_sampler import resolve_generation_batch
+
+        return super()._prepare_inputs(resolve_generation_batch(self, generation_batch))
+
     # ---- checkpoints ---------------------------------------------------------------------------------------------
 
     def _save_checkpoint(self, model, trial):
