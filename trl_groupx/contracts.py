@@ -107,6 +107,10 @@ class TokenContext:
         token_blocks (`torch.Tensor` or `None`): `(N, T)` long, the text block (index `k` into the variant's
             `*_block_tags`, scored by `reward_funcs[k]`) of each completion token, `-1` outside every block and on
             padding (`trl_groupx.token_weights.blocks`); only for variants that require `"token_blocks"`.
+        contrast_logps (`torch.Tensor` or `None`): log-probability of each sampled token under the rollout policy
+            with the row's prompt replaced by its negative prompt (`gcpo_guidance_negative_template` or
+            `gcpo_guidance_negative_prompt_fn`; `trl_groupx.token_weights.gcpo_guidance.negative_prompt_logps`),
+            detached; only for variants that require `"contrast_logps"`.
     """
 
     completion_mask: torch.Tensor
@@ -119,6 +123,7 @@ class TokenContext:
     sum_pi_squared: torch.Tensor | None = None
     rewards_per_func: torch.Tensor | None = None
     token_blocks: torch.Tensor | None = None
+    contrast_logps: torch.Tensor | None = None
 
 
 @dataclass

@@ -36,11 +36,12 @@ SELECTORS: dict[Stage, str] = {
 # episodes) brings `steps: StepBatch` and makes the function return per-step advantages `(S,)`, which the trainer
 # lays out on the episode's turns as `(N, T)` token advantages. `token_blocks` (token variants) fills
 # `TokenContext.token_blocks` from the tags in the variant's `*_block_tags` field; `rewards_per_func` also fills
-# `TokenContext.rewards_per_func` for token variants.
+# `TokenContext.rewards_per_func` for token variants. `contrast_logps` (token variants) fills
+# `TokenContext.contrast_logps`: the completions' log-probs under a negative version of each prompt (gcpo_guidance).
 KNOWN_REQUIREMENTS = frozenset(
     {"entropies", "old_logps", "ref_logps", "rewards_per_func", "group_structure", "completion_lengths", "global_step",
      "step_structure", "sum_pi_squared", "prompt_keys", "greedy_baseline_rewards", "reference_sample_rewards",
-     "token_blocks"}
+     "token_blocks", "contrast_logps"}
 )
 
 _ID_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")

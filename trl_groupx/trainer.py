@@ -116,6 +116,7 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
 
             output = inject_reference_solutions(self, inputs, output)
         if self._rewrites_rollouts:
+            self._rollout_inputs = inputs  # the batch's rows (gcpo_guidance builds negative prompts from them)
             self._steps = self._collect_steps(inputs) if self._needs_steps else None
             if self._baseline_requirement:
                 group_size = self.num_generations if self.model.training else self.num_generations_eval
@@ -300,6 +301,7 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
 
             tags = getattr(self.args, block_tags_field(self.variants["token_weights"].params))
             token_blocks = token_block_ids(completion_ids, completion_mask, self.processing_class, tags)
+        contrast = self._contrast_logps(output) if "contrast_logps" in requires else None
         return TokenContext(
             completion_mask=completion_mask,
             group_size=group_size,
@@ -311,7 +313,15 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             sum_pi_squared=self._gather_padded(sum_pi_squared),
             rewards_per_func=rewards_per_func,
             token_blocks=token_blocks,
+            contrast_logps=self._gather_padded(contrast),
         )
+
+    def _contrast_logps(self, output: dict[str, Any]) -> torch.Tensor:
+        """This process's `(B, T)` no-grad log-probs of its completions under the negative version of each row's
+        prompt (`token_weights/gcpo_guidance.py`)."""
+        from .token_weights.gcpo_guidance import negative_prompt_logps
+
+        return negative_prompt_logps(self, output, [row["prompt"] for row in self._rollout_inputs])
 
     def _rollout_logps(
         self, output: dict[str, Any], model, compute_entropy: bool, compute_sum_pi_squared: bool = False

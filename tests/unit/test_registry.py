@@ -84,6 +84,8 @@ def test_dispatched_variant_contract(variant):
             blocks = (torch.arange(t) >= 2).long().repeat(n, 1)
             blocks[:, -1] = -1
             ctx.token_blocks = torch.where(mask.bool(), blocks, -1)
+        if "contrast_logps" in variant.requires:  # log-probs under the negative prompts, as the trainer fills them
+            ctx.contrast_logps = logps - torch.rand(n, t)
         out = variant.fn(torch.zeros(n), ctx, **kwargs)
         assert out.shape == (n, t) and torch.isfinite(out).all() and (out[mask == 0] == 0).all()
     elif variant.stage == "objective":

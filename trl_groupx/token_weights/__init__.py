@@ -9,6 +9,7 @@ losses accept `(B, T)` advantages. Padding never enters a statistic.
 from .blockwise_adv import blockwise_adv_token_advantages
 from .d3s_token import d3s_token_advantages
 from .edge_grpo import edge_grpo_token_advantages
+from .gcpo_guidance import gcpo_guidance_token_advantages
 from .gtpo import gtpo_token_advantages
 from .gtpo_conflict import gtpo_conflict_token_advantages
 from .hapo import hapo_token_advantages
@@ -40,4 +41,5 @@ __all__ = [
     "blockwise_adv_token_advantages",
     "rs_grpo_token_advantages",
     "s_grpo_tspmo_token_advantages",
+    "gcpo_guidance_token_advantages",
 ]
