@@ -111,6 +111,11 @@ class TokenContext:
             with the row's prompt replaced by its negative prompt (`gcpo_guidance_negative_template` or
             `gcpo_guidance_negative_prompt_fn`; `trl_groupx.token_weights.gcpo_guidance.negative_prompt_logps`),
             detached; only for variants that require `"contrast_logps"`.
+        intra_group_token_divergence (`torch.Tensor` or `None`): `(N, T)` float32, TW-GRPO's `D_t` of each group
+            (`trl_groupx.token_weights.tw_grpo.group_token_divergence`: how much the `G` rollout-policy next-token
+            distributions of the group disagree at position `t`, padding entering as the uniform distribution), the
+            same on every row of the group at the positions before its longest completion, 0 after; detached; only
+            for variants that require `"intra_group_token_divergence"`.
     """
 
     completion_mask: torch.Tensor
@@ -124,6 +129,7 @@ class TokenContext:
     rewards_per_func: torch.Tensor | None = None
     token_blocks: torch.Tensor | None = None
     contrast_logps: torch.Tensor | None = None
+    intra_group_token_divergence: torch.Tensor | None = None
 
 
 @dataclass

@@ -302,6 +302,9 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             tags = getattr(self.args, block_tags_field(self.variants["token_weights"].params))
             token_blocks = token_block_ids(completion_ids, completion_mask, self.processing_class, tags)
         contrast = self._contrast_logps(output) if "contrast_logps" in requires else None
+        divergence = None
+        if "intra_group_token_divergence" in requires:  # TW-GRPO: full next-token distributions, group by group
+            divergence = self._intra_group_token_divergence(output, group_size)
         return TokenContext(
             completion_mask=completion_mask,
             group_size=group_size,
@@ -314,6 +317,7 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             rewards_per_func=rewards_per_func,
             token_blocks=token_blocks,
             contrast_logps=self._gather_padded(contrast),
+            intra_group_token_divergence=divergence,
         )
 
     def _contrast_logps(self, output: dict[str, Any]) -> torch.Tensor:
@@ -322,6 +326,27 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
         from .token_weights.gcpo_guidance import negative_prompt_logps
 
         return negative_prompt_logps(self, output, [row["prompt"] for row in self._rollout_inputs])
+
+    def _intra_group_token_divergence(self, output: dict[str, Any], group_size: int) -> torch.Tensor:
+        """Global `(N, T_max)` requirement `intra_group_token_divergence` (`token_weights/tw_grpo.py`). Groups may
+        straddle processes, so every process gathers the global batch's token ids, runs the no-grad forward for
+        the groups `g ≡ rank (mod processes)` only (the same number of forwards everywhere, for sharded models),
+        and a sum across processes fills in the others."""
+        from .token_weights.tw_grpo import intra_group_token_divergence
+
+        acc = self.accelerator
+        prompt_ids = acc.gather(acc.pad_across_processes(output["prompt_ids"], dim=1, pad_index=0, pad_first=True))
+        prompt_mask = acc.gather(acc.pad_across_processes(output["prompt_mask"], dim=1, pad_index=0, pad_first=True))
+        completion_ids = self._gather_padded(output["completion_ids"])
+        completion_mask = self._gather_padded(output["completion_mask"])
+        n_groups = completion_ids.size(0) // group_size
+        divergence = intra_group_token_divergence(
+            self.model, prompt_ids, prompt_mask, completion_ids, completion_mask, group_size,
+            temperature=self.temperature, groups=range(acc.process_index, n_groups, acc.num_processes),
+            min_forwards=-(-n_groups // acc.num_processes),
+            autocast=acc.autocast, **{k: output[k] for k in _FORWARD_KEYS if k in output},
+        )
+        return acc.reduce(divergence, reduction="sum") if acc.num_processes > 1 else divergence
 
     def _rollout_logps(
         self, output: dict[str, Any], model, compute_entropy: bool, compute_sum_pi_squared: bool = False

@@ -86,6 +86,9 @@ def test_dispatched_variant_contract(variant):
             ctx.token_blocks = torch.where(mask.bool(), blocks, -1)
         if "contrast_logps" in variant.requires:  # log-probs under the negative prompts, as the trainer fills them
             ctx.contrast_logps = logps - torch.rand(n, t)
+        if "intra_group_token_divergence" in variant.requires:  # one D_t per group on all its rows, 0 past its end
+            group_d = torch.rand(n // g, t).repeat_interleave(g, dim=0)
+            ctx.intra_group_token_divergence = group_d * mask.view(n // g, g, t).any(1).repeat_interleave(g, dim=0)
         out = variant.fn(torch.zeros(n), ctx, **kwargs)
         assert out.shape == (n, t) and torch.isfinite(out).all() and (out[mask == 0] == 0).all()
     elif variant.stage == "objective":

@@ -23,6 +23,7 @@ from .stapo import stapo_token_advantages
 from .frpo import frpo_token_advantages
 from .wapo import wapo_token_advantages
 from .temporal_credit import temporal_credit_token_advantages
+from .tw_grpo import tw_grpo_token_advantages
 
 __all__ = [
     "gtpo_token_advantages",
@@ -42,4 +43,5 @@ __all__ = [
     "rs_grpo_token_advantages",
     "s_grpo_tspmo_token_advantages",
     "gcpo_guidance_token_advantages",
+    "tw_grpo_token_advantages",
 ]

@@ -99,6 +99,10 @@ class TokenWeightArgs:
         strictly the longest, its baseline is 0 beyond the second-longest length (else ≈ its own reward, so ≈ 0
         advantage on that tail).
 
+    > tw_grpo
+    tw_grpo_alpha (`float`, defaults to `1.7`): TW-GRPO's largest token weight: weights `1 + (α − 1)·(min-max
+        normalised intra-group divergence)` lie in `[1, α]`; 1 gives plain GRPO (official `--alpha 1.70`).
+
     > blockwise_adv
     blockwise_adv_block_tags (`list[str]`, defaults to `["answer", "confidence"]`): tag names of the text blocks, one
         per reward function in the same order (block `k` ends at `</tag_k>` and gets only `reward_funcs[k]`'s
@@ -218,6 +222,10 @@ class TokenWeightArgs:
     # otb
     otb_handle_zero_tail: bool = field(
         default=False, metadata={"help": "OTB: zero the baseline on the unique longest completion's lone tail."}
+    )
+    # tw_grpo
+    tw_grpo_alpha: float = field(
+        default=1.7, metadata={"help": "TW-GRPO: largest token weight alpha (weights in [1, alpha])."}
     )
     # blockwise_adv
     blockwise_adv_block_tags: list[str] = field(
