@@ -34,6 +34,13 @@ planned) for schedules in any stage.
 stable 63-bit BLAKE2b hash of each rollout's unpadded prompt token ids (`trl_groupx.advantages._prompt_keys`),
 gathered in global order like the rewards, identical on every process and across runs (not Python's salted hash).
 
+`prompt_kl` (N,) float64 for advantage variants whose per-prompt state decays with the policy's drift (SPO's
+KL-adaptive ρ): `D = masked mean |log π_stored − log π_current|` over the completion tokens of the response the
+prompt got at its last visit, log-probs stored under the policy of that visit and re-scored by the current one;
+NaN for a prompt never seen; the same for every row of a prompt and on every process. The trainer keeps one
+response per prompt (`trl_groupx.advantages.prompt_kl`), saved with checkpoints, and computes it in training only
+(NaN everywhere in evaluation); a variant with a `<id>_rho_mode` param gets it only when that field is `"kl"`.
+
 `greedy_baseline_rewards` / `reference_sample_rewards` (N,) for advantage variants whose baseline is an extra
 completion (ReMax, AAPO): the reward of the greedy completion of each rollout's prompt under the current policy
 (shared by the group), or of one completion per rollout sampled from the frozen reference model; scored by the
@@ -156,7 +163,7 @@ class ObjectiveContext:
 
 # Keyword-only arguments the trainer supplies itself (see `requires` in registry.py), not read from the config.
 TRAINER_SUPPLIED = frozenset({"state", "completion_lengths", "global_step", "total_steps", "steps", "prompt_keys",
-                              "greedy_baseline_rewards", "reference_sample_rewards"})
+                              "greedy_baseline_rewards", "reference_sample_rewards", "prompt_kl"})
 
 
 def config_kwargs(fn: Callable[..., Any], config: Any) -> dict[str, Any]:

@@ -38,12 +38,13 @@ SELECTORS: dict[Stage, str] = {
 # `TokenContext.token_blocks` from the tags in the variant's `*_block_tags` field; `rewards_per_func` also fills
 # `TokenContext.rewards_per_func` for token variants. `contrast_logps` (token variants) fills
 # `TokenContext.contrast_logps`: the completions' log-probs under a negative version of each prompt (gcpo_guidance).
+# `prompt_kl` (advantage variants): each row's prompt's policy drift since its last visit (`advantages/prompt_kl.py`).
 # `intra_group_token_divergence` (token variants) fills `TokenContext.intra_group_token_divergence`: TW-GRPO's
 # per-position disagreement of each group's full next-token distributions (no-grad forward, one group at a time).
 KNOWN_REQUIREMENTS = frozenset(
     {"entropies", "old_logps", "ref_logps", "rewards_per_func", "group_structure", "completion_lengths", "global_step",
      "step_structure", "sum_pi_squared", "prompt_keys", "greedy_baseline_rewards", "reference_sample_rewards",
-     "token_blocks", "contrast_logps",
+     "token_blocks", "contrast_logps", "prompt_kl",
      "intra_group_token_divergence"}
 )
 

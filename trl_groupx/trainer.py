@@ -95,6 +95,8 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
         self._generating_baseline = False  # set while those extra completions are generated
         # Per stateful variant: the dict its function updates in place; saved with every checkpoint.
         self.variant_state: dict[str, dict[str, Any]] = {v.id: {} for v in self.variants.values() if v.stateful}
+        if adv_variant is not None and "prompt_kl" in adv_variant.requires:  # one stored response per prompt, saved too
+            self.variant_state[f"{adv_variant.id}/prompt_kl"] = {}
 
     # ---- rewards ------------------------------------------------------------------------------------------------
 
@@ -260,6 +262,10 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
 
                 extra["prompt_keys"] = prompt_keys_from_ids(
                     self._gather_padded(output["prompt_ids"]), self._gather_padded(output["prompt_mask"]))
+            if "prompt_kl" in variant.requires:  # policy drift on each prompt's last stored response (SPO's rho)
+                prompt_kl = self._prompt_kl(variant, output, extra.get("prompt_keys"), rewards)
+                if prompt_kl is not None:
+                    extra["prompt_kl"] = prompt_kl
             if self._baseline_requirement:  # ReMax / AAPO: rewards of the extra baseline completions
                 extra[self._baseline_requirement] = self._baseline_rewards
             if "step_structure" in variant.requires:  # step records live on the CPU (built from Python lists)
@@ -275,6 +281,28 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
                 return decoupled_normalized_advantages(rewards_per_func, group_size, reward_weights=self.reward_weights)
             return group_normalized_advantages(rewards, group_size, scale_rewards=self.scale_rewards)
         return self.accelerator.gather(output["advantages"])  # TRL's, unchanged
+
+    def _prompt_kl(self, variant: Variant, output: dict[str, Any], keys: torch.Tensor | None,
+                   rewards: torch.Tensor) -> torch.Tensor | None:
+        """`(N,)` requirement `prompt_kl` (`advantages/prompt_kl.py`): None when the variant's `*_rho_mode` is not
+        "kl"; NaN in evaluation (the stored responses advance in training only); else D per row, and the store of
+        last responses updated with this batch."""
+        from .advantages._prompt_keys import prompt_keys_from_ids
+        from .advantages.prompt_kl import compute_prompt_kl, prompt_kl_enabled
+
+        if not prompt_kl_enabled(variant, self.args):
+            return None
+        if not self.model.training:
+            return torch.full((rewards.numel(),), float("nan"), dtype=torch.float64)
+        if keys is None:
+            keys = prompt_keys_from_ids(self._gather_padded(output["prompt_ids"]),
+                                        self._gather_padded(output["prompt_mask"]))
+        d = compute_prompt_kl(self, output, keys, rewards, self.variant_state[f"{variant.id}/prompt_kl"])
+        seen = ~torch.isnan(d)  # as the official spo/D and spo/first_sampled_ratio
+        self._metrics["train"]["groupx/prompt_kl_new_fraction"].append(1.0 - seen.float().mean().item())
+        if seen.any():
+            self._metrics["train"]["groupx/prompt_kl_mean"].append(d[seen].mean().item())
+        return d
 
     def _token_context(self, output: dict[str, Any], rewards: torch.Tensor, group_size: int) -> TokenContext:
         """Global `(N, T_max)` per-token inputs for the token-weight stage (padded across processes)."""

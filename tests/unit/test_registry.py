@@ -56,6 +56,8 @@ def test_dispatched_variant_contract(variant):
             kwargs["completion_lengths"] = mask.sum(-1)
         if "prompt_keys" in variant.requires:  # as the trainer fills: one key per prompt, shared by its group
             kwargs["prompt_keys"] = torch.arange(n) // g
+        if "prompt_kl" in variant.requires:  # as the trainer fills: one drift per prompt, NaN for a prompt never seen
+            kwargs["prompt_kl"] = torch.tensor([0.03] * g + [float("nan")] * g, dtype=torch.float64)
         for name in ("greedy_baseline_rewards", "reference_sample_rewards"):  # one baseline per rollout, one NaN
             if name in variant.requires:
                 kwargs[name] = torch.tensor([0.5, 0.5, 0.5, 0.5, 1.0, 1.0, 1.0, float("nan")])

@@ -63,6 +63,12 @@ class AdvantageArgs:
         offline_N=0) or from its first group with the official offline formula (`"first_group"`).
     spo_single_batch_norm (`bool`, defaults to `True`): SPO: normalise `r − v̂(x)` over the batch,
         `(A − mean)/(std + 1e-8)` (official), or return it raw.
+    spo_single_rho_mode (`str`, defaults to `"constant"`): SPO: `"constant"` (ρ = `spo_single_rho`) or `"kl"`
+        (official default rule: `ρ = clip(2^(−D/spo_single_kl_half_life), spo_single_rho_min, spo_single_rho_max)`
+        with D the prompt's mean |Δ log-prob| since its last visit; two extra no-grad forwards per batch).
+    spo_single_kl_half_life (`float`, defaults to `0.06`): SPO: the D at which the KL rule gives ρ = 1/2.
+    spo_single_rho_min (`float`, defaults to `0.875`), spo_single_rho_max (`float`, defaults to `0.96`): SPO: clip
+        of the KL-adaptive ρ (official clip_lower and its fixed upper bound).
 
     > mdp_grpo
     mdp_grpo_alpha (`float`, defaults to `0.2`): MDP-GRPO: weight α of the goal anchor in
@@ -195,6 +201,14 @@ class AdvantageArgs:
     spo_single_batch_norm: bool = field(
         default=True, metadata={"help": "SPO: normalise r - v_hat over the batch, (A - mean)/(std + 1e-8)."}
     )
+    spo_single_rho_mode: str = field(
+        default="constant", metadata={"help": "SPO: 'constant' (spo_single_rho) or 'kl' (official adaptive rho)."}
+    )
+    spo_single_kl_half_life: float = field(
+        default=0.06, metadata={"help": "SPO kl rho: half-life h of 2^(-D/h) (official 0.06)."}
+    )
+    spo_single_rho_min: float = field(default=0.875, metadata={"help": "SPO kl rho: lower clip (official 0.875)."})
+    spo_single_rho_max: float = field(default=0.96, metadata={"help": "SPO kl rho: upper clip (official 0.96)."})
     # mdp_grpo
     mdp_grpo_alpha: float = field(default=0.2, metadata={"help": "MDP-GRPO: goal-anchor weight alpha (0.2)."})
     mdp_grpo_num_constraints: float = field(

@@ -12,6 +12,14 @@ from ._checks import reject_infinite
 SPO_NORM_EPS = 1e-8  # official: (A - mean) / (A.std() + 1e-8)
 SPO_PRIOR_ALPHA = SPO_PRIOR_BETA = 0.5  # official offline_N = 0 branch: alpha = beta = 0.5 (p_hat = 0.5, count 1)
 SPO_INITS = ("prior", "first_group")
+SPO_RHO_MODES = ("constant", "kl")
+
+
+def spo_rho_from_kl(prompt_kl: torch.Tensor, half_life: float, rho_min: float, rho_max: float) -> torch.Tensor:
+    """`ρ = clip(2^(−D/half_life), rho_min, rho_max)` per element; NaN `D` (a prompt never visited) counts as
+    `D = 0` (official: its old log-probs are its current ones), so it gets `rho_max`."""
+    d = torch.nan_to_num(prompt_kl.detach().cpu().to(torch.float64), nan=0.0)
+    return torch.pow(2.0, -d / half_life).clamp(min=rho_min, max=rho_max)
 
 
 def _validate(config) -> None:
@@ -20,9 +28,22 @@ def _validate(config) -> None:
         raise ValueError(f"spo_single_rho must be in [0, 1] (forgetting factor of the tracker), got {rho!r}.")
     if config.spo_single_init not in SPO_INITS:
         raise ValueError(f"spo_single_init must be one of {SPO_INITS}, got {config.spo_single_init!r}.")
-    if config.spo_single_init == "first_group" and rho >= 1.0:
-        raise ValueError("spo_single_init='first_group' sizes the initial tracker as 1/(1 - spo_single_rho): set "
-                         "spo_single_rho < 1 or use spo_single_init='prior'.")
+    mode = config.spo_single_rho_mode
+    if mode not in SPO_RHO_MODES:
+        raise ValueError(f"spo_single_rho_mode must be one of {SPO_RHO_MODES}, got {mode!r}.")
+    lo, hi = config.spo_single_rho_min, config.spo_single_rho_max
+    if not 0.0 <= lo <= hi <= 1.0:
+        raise ValueError(f"spo_single_rho_min and spo_single_rho_max must satisfy 0 <= min <= max <= 1 (the clip of "
+                         f"the KL-adaptive rho), got min={lo!r}, max={hi!r}.")
+    half_life = config.spo_single_kl_half_life
+    if not (isinstance(half_life, (int, float)) and half_life > 0 and half_life != float("inf")):
+        raise ValueError(f"spo_single_kl_half_life must be a finite number > 0 (the D at which 2^(-D/h) = 1/2), "
+                         f"got {half_life!r}.")
+    init_rho = rho if mode == "constant" else lo
+    if config.spo_single_init == "first_group" and init_rho >= 1.0:
+        name = "spo_single_rho" if mode == "constant" else "spo_single_rho_min"
+        raise ValueError(f"spo_single_init='first_group' sizes the initial tracker as 1/(1 - {name}): set "
+                         f"{name} < 1 or use spo_single_init='prior'.")
 
 
 def spo_tracker_lookup(state: dict, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,10 +62,12 @@ def spo_tracker_lookup(state: dict, keys: torch.Tensor) -> tuple[torch.Tensor, t
     paper="Single-stream Policy Optimization, arXiv:2509.13232",
     official_code="verl-project/verl-recipe@48ea0a797fa29867ea0ad92aff7d284eec7d4be3:spo/spo_ray_trainer.py",
     stage="advantages",
-    flags={"advantage_estimator": "spo_single", "spo_single_rho": 0.875, "spo_single_init": "prior",
+    flags={"advantage_estimator": "spo_single", "spo_single_rho_mode": "kl", "spo_single_kl_half_life": 0.06,
+           "spo_single_rho_min": 0.875, "spo_single_rho_max": 0.96, "spo_single_init": "prior",
            "spo_single_batch_norm": True},
-    params=("spo_single_rho", "spo_single_init", "spo_single_batch_norm"),
-    requires=("prompt_keys",),
+    params=("spo_single_rho", "spo_single_init", "spo_single_batch_norm", "spo_single_rho_mode",
+            "spo_single_kl_half_life", "spo_single_rho_min", "spo_single_rho_max"),
+    requires=("prompt_keys", "prompt_kl"),
     stateful=True,
     validate=_validate,
 )
@@ -53,9 +76,14 @@ def spo_single_advantages(
     group_size: int,
     *,
     prompt_keys: torch.Tensor,
+    prompt_kl: torch.Tensor | None = None,
     spo_single_rho: float = 0.875,
     spo_single_init: str = "prior",
     spo_single_batch_norm: bool = True,
+    spo_single_rho_mode: str = "constant",
+    spo_single_kl_half_life: float = 0.06,
+    spo_single_rho_min: float = 0.875,
+    spo_single_rho_max: float = 0.96,
     state: dict,
 ) -> torch.Tensor:
     r"""SPO: advantages against a persistent per-prompt value tracker, normalised over the whole batch.
@@ -68,7 +96,7 @@ def spo_single_advantages(
 
     Then every prompt visited in the batch, with `n_x` scored rollouts of reward sum `s_x`, is updated once:
 
-    `α_x ← ρ α_x + s_x`,  `β_x ← ρ β_x + (n_x − s_x)`   (ρ = `spo_single_rho`).
+    `α_x ← ρ α_x + s_x`,  `β_x ← ρ β_x + (n_x − s_x)`   (ρ = `spo_single_rho`, or per prompt from its drift D, below).
 
     So `v̂` becomes the discounted mean `v̂' = w v̂ + (1 − w) s_x/n_x` with `w = ρ(α+β) / (ρ(α+β) + n_x)`: after
     rewards 1, 1, 0 (one group of three, or three single visits) it moves toward 2/3, and a prompt that keeps
@@ -95,19 +123,35 @@ def spo_single_advantages(
     tracker). `RaySPOTrainer._get_spo_rho` l.240-305: `type="constant"` gives `ρ = rho.value` (0.875,
     spo/config/spo_trainer.yaml l.13-20); `type="kl"` (default) gives `ρ = clip(2^(−D/0.06), clip_lower=0.875,
     0.96)` with `D` the masked mean of `|log π_old − log π_cur|` on the prompt's *stored previous response*, `π_old`
-    the policy right after that prompt's last update (l.258-303). The official SPO script samples one response per
+    the policy right after that prompt's last update (l.258-303: a prompt not yet stored re-scores its own current
+    response against itself, D = 0, l.262-283; after ρ, the batch's responses and their log-probs under the
+    updated policy replace the stored ones, l.296-301; `_get_spo_rho` is called after `update_actor`, l.653-660).
+    The official SPO script samples one response per
     prompt (spo/train.sh l.65, `n_resp_per_prompt=1`).
 
     What an online trainer reproduces, and **our choices**:
 
-    - **ρ is a fixed number** (`spo_single_rho`, default 0.875 = the official `rho.type="constant"` value and the
-      lower clip of the KL rule). The KL-adaptive ρ needs, per prompt, the response stored at its last visit and
-      its log-probs under the policy of that time, re-scored by the current policy; the advantage stage receives
-      only rewards (the rollout log-probs of the *current* batch exist in the token stage, not those of past
-      visits). The core change it would need: the trainer keeps, per prompt key, the last visit's
-      (prompt+completion ids, per-token old log-probs) in the variant state, re-scores them with
-      `_rollout_logps` under the current model before calling the variant, and passes `prompt_kl (N,)` (the masked
-      mean |Δlogp|) as a new requirement; the variant would then use `ρ = clip(2^(−D/0.06), 0.875, 0.96)`.
+    - **ρ** (`spo_single_rho_mode`): `"kl"` is the official default rule, `ρ_x = clip(2^(−D_x/h), ρ_min, ρ_max)`
+      with `h = spo_single_kl_half_life` (0.06), `ρ_min = spo_single_rho_min` (0.875 = official `clip_lower`),
+      `ρ_max = spo_single_rho_max` (0.96, hard-coded in the official code), `D_x = prompt_kl` of the prompt (NaN for
+      a prompt never seen → `D = 0` → `ρ_max`, as official, where such a prompt's old log-probs are its current
+      ones). `"constant"` uses `spo_single_rho` for every prompt (official `rho.type="constant"`).
+      **Choice: the config default stays `"constant"`** so that a run that only sets
+      `advantage_estimator="spo_single"` (and every existing config and checkpoint) keeps its numbers and its cost;
+      `"kl"` costs two extra no-grad forwards per generation batch and a stored response per prompt. The
+      registered flags and `recipes/spo_single.yaml` (the paper's setting) turn `"kl"` on.
+    - **What D compares** (trainer side, `trl_groupx/advantages/prompt_kl.py`): per prompt key the trainer keeps
+      the last visit's response (the last scored rollout of the prompt, as the official loop's last row wins) with
+      its per-token log-probs under the policy that generated that batch, re-scores it with the current policy
+      and passes the masked mean `D = mean |log π_stored − log π_current|` (completion tokens, tool tokens
+      excluded). The official code computes ρ *after* the actor update of visit `t` and stores log-probs under
+      the updated policy: its D compares θ_{s+1} with θ_{t+1} (`s` the prompt's previous visit). Here the
+      advantage is computed before the update of visit `t` and the tracker update is applied at once (the
+      official order gives the same advantages: this step's advantage reads the tracker before its update), so D
+      compares θ_s with θ_t: **the same number `t − s` of policy updates, the window shifted one update
+      earlier** (exact when every update moves the prompt's log-probs by the same amount). Exact official
+      timing would defer each tracker update to the next generation batch; not done.
+    - With `G > 1` rows of one prompt, all rows share the prompt's D and ρ (one decay per visit).
     - **No offline pass.** `spo_single_init="prior"` (default) starts every new prompt at `α = β = 0.5` (the
       official `offline_N = 0` branch): its first advantage is `r − 0.5`, then the update applies.
       `"first_group"` initialises a new prompt from its first group with the official offline formula
@@ -127,9 +171,14 @@ def spo_single_advantages(
         rewards (`torch.Tensor`): `(N,)` rewards (NaN where unscored; ±inf raises).
         group_size (`int`): `G` (layout only).
         prompt_keys (`torch.Tensor`): `(N,)` int64 stable key of each rollout's prompt.
-        spo_single_rho (`float`): forgetting factor ρ in [0, 1].
+        prompt_kl (`torch.Tensor` or `None`): `(N,)` drift D of each row's prompt since its last visit (NaN for a
+            new prompt; requirement `"prompt_kl"`); read only with `spo_single_rho_mode="kl"`.
+        spo_single_rho (`float`): constant forgetting factor ρ in [0, 1] (`spo_single_rho_mode="constant"`).
         spo_single_init (`str`): `"prior"` or `"first_group"`.
         spo_single_batch_norm (`bool`): normalise `r − v̂` over the batch (official) or return it raw.
+        spo_single_rho_mode (`str`): `"constant"` or `"kl"` (ρ from D).
+        spo_single_kl_half_life (`float`): `h` > 0 in `2^(−D/h)` (official 0.06).
+        spo_single_rho_min (`float`), spo_single_rho_max (`float`): clip of the KL-adaptive ρ (0.875, 0.96).
         state (`dict`): `{"keys", "values"}`, read and updated in place.
 
     Returns:
@@ -145,6 +194,16 @@ def spo_single_advantages(
         raise ValueError(f"spo_single: prompt_keys must have shape {tuple(rewards.shape)}, got {tuple(keys.shape)}.")
     if not state:
         state.update({"keys": torch.zeros(0, dtype=torch.int64), "values": torch.zeros(0, 2, dtype=torch.float64)})
+    if spo_single_rho_mode not in SPO_RHO_MODES:
+        raise ValueError(f"spo_single_rho_mode must be one of {SPO_RHO_MODES}, got {spo_single_rho_mode!r}.")
+    if spo_single_rho_mode == "kl":
+        if prompt_kl is None:
+            raise ValueError("spo_single_rho_mode='kl' needs prompt_kl (N,): the per-prompt drift D (NaN for a new "
+                             "prompt), which the trainer computes for the requirement 'prompt_kl'.")
+        prompt_kl = torch.as_tensor(prompt_kl).detach().cpu().to(torch.float64)
+        if prompt_kl.shape != rewards.shape:
+            raise ValueError(f"spo_single: prompt_kl must have shape {tuple(rewards.shape)}, "
+                             f"got {tuple(prompt_kl.shape)}.")
 
     r = rewards.detach().to(torch.float64).cpu()
     scored = ~torch.isnan(r)
@@ -153,12 +212,24 @@ def spo_single_advantages(
     s_u = torch.zeros(unique.numel(), dtype=torch.float64).index_add_(0, inverse, torch.nan_to_num(r, nan=0.0))
     visited = n_u > 0
 
+    if spo_single_rho_mode == "kl":  # one D per prompt: every row of a prompt carries the same value
+        first_row = torch.full((unique.numel(),), keys.numel(), dtype=torch.int64).scatter_reduce(
+            0, inverse, torch.arange(keys.numel()), reduce="amin")
+        d_u = prompt_kl[first_row]
+        if not torch.equal(torch.nan_to_num(d_u[inverse], nan=-1.0), torch.nan_to_num(prompt_kl, nan=-1.0)):
+            raise ValueError("spo_single: rows of one prompt carry different prompt_kl values.")
+        rho_u = spo_rho_from_kl(d_u, spo_single_kl_half_life, spo_single_rho_min, spo_single_rho_max)
+        init_rho = spo_single_rho_min  # official: N_init = 1/(1 - clip_lower)
+    else:
+        rho_u = torch.full((unique.numel(),), float(spo_single_rho), dtype=torch.float64)
+        init_rho = spo_single_rho
+
     ab, found = spo_tracker_lookup(state, unique)
     prior = torch.tensor([SPO_PRIOR_ALPHA, SPO_PRIOR_BETA], dtype=torch.float64).expand_as(ab)
     ab = torch.where(found.unsqueeze(1), ab, prior)
     from_group = visited & ~found & (spo_single_init == "first_group")
     if from_group.any():  # official offline formula (fit l.369-372) on the prompt's first group
-        n_init = 1.0 / (1.0 - spo_single_rho)
+        n_init = 1.0 / (1.0 - init_rho)
         init = torch.stack([n_init * (s_u + 0.5) / (n_u + 1), n_init * (n_u - s_u + 0.5) / (n_u + 1)], dim=1)
         ab = torch.where(from_group.unsqueeze(1), init, ab)
 
@@ -170,7 +241,7 @@ def spo_single_advantages(
     advantages = torch.nan_to_num(advantages, nan=0.0)
 
     # --- update (official: after the actor step; here after the advantages, same effect) ---
-    updated = torch.stack([spo_single_rho * ab[:, 0] + s_u, spo_single_rho * ab[:, 1] + (n_u - s_u)], dim=1)
+    updated = torch.stack([rho_u * ab[:, 0] + s_u, rho_u * ab[:, 1] + (n_u - s_u)], dim=1)
     updated = torch.where(from_group.unsqueeze(1), ab, updated)  # the first group *is* the initialisation
     old_keys, old_values = state["keys"], state["values"]
     if old_keys.numel():
