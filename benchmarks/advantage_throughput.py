@@ -64,6 +64,8 @@ def estimator_calls(num_rewards: int = 2):
                 extra["prompt_keys"] = torch.arange(r.numel()) // g
             if "global_step" in variant.requires:
                 extra.update(global_step=0, total_steps=1)
+            if "prompt_kl" in variant.requires:  # SPO's per-prompt drift: every prompt seen before
+                extra["prompt_kl"] = torch.full((r.numel(),), 0.03, dtype=torch.float64)
             for name in ("greedy_baseline_rewards", "reference_sample_rewards"):  # the extra completion's reward
                 if name in variant.requires:
                     extra[name] = r.flip(0)

@@ -9,6 +9,7 @@ from datasets import Dataset
 from tests.conftest import build_trainer
 from trl_groupx.config import GRPOConfig
 from trl_groupx.rewards import REWARD_FUNCS
+from trl_groupx.rollouts import make_multi_round_rollout
 from trl_groupx.toy import arithmetic_dataset
 from trl_groupx.trainer import GRPOTrainer
 
@@ -30,10 +31,15 @@ def reward_dataset(n: int = 16) -> Dataset:
     return Dataset.from_list(rows)
 
 
+# rewards that read the extra fields of one rollout structure: trained with that rollout
+ROLLOUTS = {"motif_outcome_reward": lambda: make_multi_round_rollout(num_rounds=2, num_futures=1, max_round_tokens=4)}
+
+
 @pytest.mark.parametrize("name", sorted(REWARD_FUNCS))
 def test_reward_trains_one_step(name, tmp_path):
+    rollout = ROLLOUTS[name]() if name in ROLLOUTS else None
     trainer = build_trainer(GRPOTrainer, GRPOConfig, tmp_path, reward_funcs=REWARD_FUNCS[name],
-                            dataset=reward_dataset(), report_to="none")
+                            dataset=reward_dataset(), report_to="none", rollout_func=rollout)
     trainer.train()
     logs = {k: v for entry in trainer.state.log_history for k, v in entry.items()}
     key = f"rewards/{REWARD_FUNCS[name].__name__}/mean"
