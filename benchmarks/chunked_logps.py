@@ -25,23 +25,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks._isolated import reset_peak, run_case, status_kib  # noqa: E402
+
 for _key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "TRL_EXPERIMENTAL_SILENCE"):
     os.environ.setdefault(_key, "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise KeyError(field)
 
 
 def _measure(case: str, args: argparse.Namespace) -> dict:
@@ -99,16 +93,12 @@ def _measure(case: str, args: argparse.Namespace) -> dict:
 
     step()  # warm-up: lazy allocations, oneDNN primitives
     model.zero_grad(set_to_none=True)
-    import gc
 
-    gc.collect()
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset VmHWM to the current resident set
-    before = _status_kib("VmRSS")
+    before = reset_peak()  # VmHWM reset to the current resident set
     start = time.perf_counter()
     loss = step()
     seconds = time.perf_counter() - start
-    peak = _status_kib("VmHWM")
+    peak = status_kib("VmHWM")
     return {"case": case, "peak_mib": (peak - before) / 1024, "seconds": seconds, "loss": loss}
 
 
@@ -129,16 +119,6 @@ def _full_logits_head(trainer):
         return torch.cat(logps), (torch.cat(ents) if compute_entropy else None), None
 
     return head
-
-
-def _run_case(case: str, argv: list[str]) -> dict:
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", case, *argv], env=env, capture_output=True, text=True, check=False
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"case {case!r} failed:\n{out.stderr[-4000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -164,7 +144,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         return []
     shared = [a for a in argv if a not in ("--no-full-logits", "--in-process")]
     cases = ["trl", *[f"chunk={c}" for c in args.chunks]] + ([] if args.no_full_logits else ["full logits"])
-    rows = [_measure(case, args) if args.in_process else _run_case(case, shared) for case in cases]
+    rows = [_measure(case, args) if args.in_process else run_case(__file__, case, shared) for case in cases]
     base = max(rows[0]["peak_mib"], 1e-9)  # at smoke-test sizes the step may not raise the high-water mark at all
     b, tp, tc, v = args.batch, args.prompt_len, args.completion_len, args.vocab
     lines = [

@@ -26,24 +26,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks._isolated import reset_peak, run_case, status_kib  # noqa: E402
+
 for _key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "TRL_EXPERIMENTAL_SILENCE"):
     os.environ.setdefault(_key, "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 GROUP = 16  # completions per prompt (num_generations)
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise KeyError(field)
 
 
 def _kv_cache_mib(rows: int, args: argparse.Namespace) -> float:
@@ -53,7 +47,6 @@ def _kv_cache_mib(rows: int, args: argparse.Namespace) -> float:
 
 def _measure(case: str, args: argparse.Namespace) -> dict:
     """Runs in the child process: build, warm up, measure one generation call."""
-    import gc
     import tempfile
 
     import torch
@@ -90,26 +83,13 @@ def _measure(case: str, args: argparse.Namespace) -> dict:
         return completions
 
     call()  # warm-up: lazy allocations, oneDNN primitives
-    gc.collect()
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset VmHWM to the current resident set
-    before = _status_kib("VmRSS")
+    before = reset_peak()  # VmHWM reset to the current resident set
     start = time.perf_counter()
     completions = call()
     seconds = time.perf_counter() - start
-    peak = _status_kib("VmHWM")
+    peak = status_kib("VmHWM")
     return {"case": case, "peak_mib": (peak - before) / 1024, "seconds": seconds,
             "tokens": sum(len(c) for c in completions), "completions": completions}
-
-
-def _run_case(case: str, argv: list[str]) -> dict:
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", case, *argv], env=env, capture_output=True, text=True, check=False
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"case {case!r} failed:\n{out.stderr[-4000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -135,7 +115,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         return []
     shared = [a for a in argv if a != "--in-process"]
     cases = ["trl", *[f"k={k}" for k in args.sizes]]
-    rows = [_measure(case, args) if args.in_process else _run_case(case, shared) for case in cases]
+    rows = [_measure(case, args) if args.in_process else run_case(__file__, case, shared) for case in cases]
     same = all(r["completions"] == rows[0]["completions"] for r in rows)
     base = max(rows[0]["peak_mib"], 1e-9)  # at smoke-test sizes the call may not raise the high-water mark at all
     lines = [

@@ -23,25 +23,19 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks._isolated import reset_peak, run_case, status_kib  # noqa: E402
+
 for _key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "TRL_EXPERIMENTAL_SILENCE"):
     os.environ.setdefault(_key, "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 CASES = ("trl", "prefix_grouper")
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise KeyError(field)
 
 
 def _inputs(args: argparse.Namespace):
@@ -65,7 +59,6 @@ def _inputs(args: argparse.Namespace):
 
 def _measure(case: str, args: argparse.Namespace) -> dict:
     """Runs in the child process (or in-process for the smoke test): build, warm up, measure."""
-    import gc
     import tempfile
 
     import torch
@@ -111,23 +104,10 @@ def _measure(case: str, args: argparse.Namespace) -> dict:
         loss = step()
         times.append(time.perf_counter() - start)
     model.zero_grad(set_to_none=True)
-    gc.collect()
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset VmHWM to the current resident set
-    before = _status_kib("VmRSS")
+    before = reset_peak()  # VmHWM reset to the current resident set
     step()
-    peak = _status_kib("VmHWM")
+    peak = status_kib("VmHWM")
     return {"case": case, "peak_mib": (peak - before) / 1024, "seconds": statistics.median(times), "loss": loss}
-
-
-def _run_case(case: str, argv: list[str]) -> dict:
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", case, *argv], env=env, capture_output=True, text=True, check=False
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"case {case!r} failed:\n{out.stderr[-4000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -156,7 +136,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     shared = [a for a in argv if a != "--in-process"]
     rounds = []  # the cases alternate, round after round, so that load from other jobs hits both alike
     for _ in range(args.rounds):
-        rounds.append([_measure(case, args) if args.in_process else _run_case(case, shared) for case in CASES])
+        rounds.append([_measure(case, args) if args.in_process else run_case(__file__, case, shared)
+                       for case in CASES])
     rows = [
         {
             "case": case,
