@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 import trl_groupx
-from tests.conftest import build_trainer
+from tests.conftest import build_trainer, one_step
 
 
 def ours(tmp_path, peft=False, **flags):
@@ -43,6 +43,21 @@ def loss_and_grads(trainer, inputs, accumulation=1):
     loss = trainer.compute_loss(trainer.model, inputs)
     loss.backward()
     return loss.detach(), {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+
+
+def assert_on_policy_matches(tmp_path, peft, reference: dict, flags: dict) -> None:
+    """One on-policy step (every ratio 1) with `flags` gives the same gradient as with `reference` (the objective
+    reduces to that loss when nothing is clipped, gated or penalised)."""
+    _, expected, _ = one_step(ours(tmp_path / "on_reference", peft, **reference))
+    _, got, _ = one_step(ours(tmp_path / "on_variant", peft, **flags))
+    for k in expected:
+        torch.testing.assert_close(got[k], expected[k], atol=1e-6, rtol=1e-5)
+
+
+def off_policy_loss_and_grads(path, peft, batch=None, **flags):
+    """Loss and gradients of one off-policy step (`off_policy_batch`, or `batch(trainer)`) of a fresh trainer."""
+    trainer = ours(path, peft, **flags)
+    return loss_and_grads(trainer, (batch or off_policy_batch)(trainer))
 
 
 def off_policy_batch(trainer, seed=0):

@@ -6,10 +6,12 @@ import torch
 
 from tests.conftest import grads_differ, one_step
 from tests.integration.objective_helpers import (
+    assert_on_policy_matches,
     assert_split_invariant,
     current_logps,
     loss_and_grads,
     off_policy_batch,
+    off_policy_loss_and_grads,
     ours,
 )
 
@@ -19,15 +21,10 @@ PEFT = [False, True]
 @pytest.mark.parametrize("peft", PEFT)
 def test_ctpo_on_and_off_policy(tmp_path, peft):
     # on-policy ρ = 1 (cumulative too): nothing clipped → the same gradient as dapo's token-mean clipped surrogate
-    _, g_dapo, _ = one_step(ours(tmp_path / "a", peft, loss_type="dapo", epsilon_high=0.2))
-    _, g_ctpo, _ = one_step(ours(tmp_path / "b", peft, loss_type="ctpo"))
-    for k in g_dapo:
-        torch.testing.assert_close(g_dapo[k], g_ctpo[k], atol=1e-6, rtol=1e-5)
+    assert_on_policy_matches(tmp_path, peft, {"loss_type": "dapo", "epsilon_high": 0.2}, {"loss_type": "ctpo"})
     # off-policy: PPO's token ratio vs CTPO's cumulative ratio with its position-adaptive window
-    ppo = ours(tmp_path / "c", peft, loss_type="dapo", epsilon_high=0.2)
-    _, g_ppo = loss_and_grads(ppo, off_policy_batch(ppo))
-    ctpo = ours(tmp_path / "d", peft, loss_type="ctpo")
-    _, g_off = loss_and_grads(ctpo, off_policy_batch(ctpo))
+    _, g_ppo = off_policy_loss_and_grads(tmp_path / "c", peft, loss_type="dapo", epsilon_high=0.2)
+    _, g_off = off_policy_loss_and_grads(tmp_path / "d", peft, loss_type="ctpo")
     assert grads_differ(g_ppo, g_off, atol=1e-7)
     assert all(torch.isfinite(g).all() for g in g_off.values())
 

@@ -8,10 +8,12 @@ import torch
 
 from tests.conftest import grads_differ, one_step
 from tests.integration.objective_helpers import (
+    assert_on_policy_matches,
     assert_split_invariant,
     current_logps,
     loss_and_grads,
     off_policy_batch,
+    off_policy_loss_and_grads,
     ours,
 )
 
@@ -23,15 +25,11 @@ KINDS = ["tv", "kl"]
 @pytest.mark.parametrize("peft", PEFT)
 def test_dppo_on_and_off_policy(tmp_path, peft, kind):
     # on-policy: divergence 0, weight 1 → gradient -A ∇logp with Dr. GRPO's constant normaliser = dr_grpo's at ρ = 1
-    _, g_dr, _ = one_step(ours(tmp_path / "a", peft, loss_type="dr_grpo"))
-    _, g_dppo, _ = one_step(ours(tmp_path / "b", peft, loss_type=f"dppo_{kind}"))
-    for k in g_dr:
-        torch.testing.assert_close(g_dppo[k], g_dr[k], atol=1e-6, rtol=1e-5)
+    assert_on_policy_matches(tmp_path, peft, {"loss_type": "dr_grpo"}, {"loss_type": f"dppo_{kind}"})
     # off-policy: a huge radius keeps every token (gradient -A ρ ∇logp = PPO's unclipped); a tiny one masks some
-    wide = ours(tmp_path / "c", peft, loss_type=f"dppo_{kind}", **{f"dppo_{kind}_delta": 1e6})
-    _, g_wide = loss_and_grads(wide, off_policy_batch(wide))
-    tight = ours(tmp_path / "d", peft, loss_type=f"dppo_{kind}", **{f"dppo_{kind}_delta": 1e-4})
-    _, g_tight = loss_and_grads(tight, off_policy_batch(tight))
+    flags = {"loss_type": f"dppo_{kind}"}
+    _, g_wide = off_policy_loss_and_grads(tmp_path / "c", peft, **flags, **{f"dppo_{kind}_delta": 1e6})
+    _, g_tight = off_policy_loss_and_grads(tmp_path / "d", peft, **flags, **{f"dppo_{kind}_delta": 1e-4})
     assert grads_differ(g_wide, g_tight, atol=1e-7)
 
 

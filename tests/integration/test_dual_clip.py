@@ -5,10 +5,12 @@ import torch
 
 from tests.conftest import grads_differ, one_step
 from tests.integration.objective_helpers import (
+    assert_on_policy_matches,
     assert_split_invariant,
     current_logps,
     loss_and_grads,
     off_policy_batch,
+    off_policy_loss_and_grads,
     ours,
 )
 
@@ -18,15 +20,10 @@ PEFT = [False, True]
 @pytest.mark.parametrize("peft", PEFT)
 def test_dual_clip_on_and_off_policy(tmp_path, peft):
     # on-policy ρ = 1: nothing is clipped or capped → the same gradient as the clipped surrogate (dapo's token mean)
-    _, g_dapo, _ = one_step(ours(tmp_path / "a", peft, loss_type="dapo", epsilon_high=0.2))
-    _, g_dual, _ = one_step(ours(tmp_path / "b", peft, loss_type="dual_clip"))
-    for k in g_dapo:
-        torch.testing.assert_close(g_dapo[k], g_dual[k], atol=1e-6, rtol=1e-5)
+    assert_on_policy_matches(tmp_path, peft, {"loss_type": "dapo", "epsilon_high": 0.2}, {"loss_type": "dual_clip"})
     # off-policy with a cap c = 1.05 that surely binds: gradients differ from plain PPO; with c = 1e6 they match
-    ppo = ours(tmp_path / "c", peft, loss_type="dapo", epsilon_high=0.2)
-    _, g_ppo = loss_and_grads(ppo, off_policy_batch(ppo))
-    loose = ours(tmp_path / "d", peft, loss_type="dual_clip", dual_clip_c=1e6)
-    _, g_loose = loss_and_grads(loose, off_policy_batch(loose))
+    _, g_ppo = off_policy_loss_and_grads(tmp_path / "c", peft, loss_type="dapo", epsilon_high=0.2)
+    _, g_loose = off_policy_loss_and_grads(tmp_path / "d", peft, loss_type="dual_clip", dual_clip_c=1e6)
     for k in g_ppo:
         torch.testing.assert_close(g_ppo[k], g_loose[k], atol=1e-6, rtol=1e-5)
     tight = ours(tmp_path / "e", peft, loss_type="dual_clip", dual_clip_c=1.05)

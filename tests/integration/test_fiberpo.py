@@ -7,10 +7,12 @@ import torch
 
 from tests.conftest import grads_differ, one_step
 from tests.integration.objective_helpers import (
+    assert_on_policy_matches,
     assert_split_invariant,
     current_logps,
     loss_and_grads,
     off_policy_batch,
+    off_policy_loss_and_grads,
     ours,
 )
 
@@ -20,15 +22,10 @@ PEFT = [False, True]
 @pytest.mark.parametrize("peft", PEFT)
 def test_fiberpo_on_and_off_policy(tmp_path, peft):
     # on-policy every ratio is 1 and nothing is gated: the vanilla policy gradient, i.e. TRL's GRPO step
-    _, g_grpo, _ = one_step(ours(tmp_path / "a", peft, loss_type="grpo"))
-    _, g_fiber, _ = one_step(ours(tmp_path / "b", peft, loss_type="fiberpo"))
-    for k in g_grpo:
-        torch.testing.assert_close(g_grpo[k], g_fiber[k], atol=1e-6, rtol=1e-5)
+    assert_on_policy_matches(tmp_path, peft, {"loss_type": "grpo"}, {"loss_type": "fiberpo"})
     # off-policy: PPO's token clip vs FiberPO's trajectory/fibre gates on the same batch
-    grpo = ours(tmp_path / "c", peft, loss_type="grpo")
-    _, g_ppo = loss_and_grads(grpo, off_policy_batch(grpo))
-    fiber = ours(tmp_path / "d", peft, loss_type="fiberpo")
-    _, g_off = loss_and_grads(fiber, off_policy_batch(fiber))
+    _, g_ppo = off_policy_loss_and_grads(tmp_path / "c", peft, loss_type="grpo")
+    _, g_off = off_policy_loss_and_grads(tmp_path / "d", peft, loss_type="fiberpo")
     assert grads_differ(g_ppo, g_off, atol=1e-7)
     assert all(torch.isfinite(g).all() for g in g_off.values())
 

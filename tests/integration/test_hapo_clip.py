@@ -4,12 +4,14 @@ LoRA), exact loss from the trainer's own inputs (current-policy entropies), comp
 import pytest
 import torch
 
-from tests.conftest import grads_differ, one_step
+from tests.conftest import grads_differ
 from tests.integration.objective_helpers import (
+    assert_on_policy_matches,
     assert_split_invariant,
     current_logps,
     loss_and_grads,
     off_policy_batch,
+    off_policy_loss_and_grads,
     ours,
 )
 from trl_groupx.token_weights.hapo import entropy_h_hat
@@ -31,15 +33,13 @@ def mild_off_policy_batch(trainer):
 @pytest.mark.parametrize("peft", [False, True])
 def test_hapo_clip_on_and_off_policy(tmp_path, peft):
     # on-policy ρ = 1: nothing clipped, no cap → DAPO's gradient
-    _, g_dapo, _ = one_step(ours(tmp_path / "a", peft, loss_type="dapo", epsilon_high=0.2))
-    _, g_hapo, _ = one_step(ours(tmp_path / "b", peft, loss_type="hapo_clip", epsilon_high=0.2))
-    for k in g_dapo:
-        torch.testing.assert_close(g_dapo[k], g_hapo[k], atol=1e-6, rtol=1e-5)
+    assert_on_policy_matches(tmp_path, peft, {"loss_type": "dapo", "epsilon_high": 0.2},
+                             {"loss_type": "hapo_clip", "epsilon_high": 0.2})
     # off-policy: entropy-adaptive bounds vs verl's fixed bounds with the same cap
-    fixed = ours(tmp_path / "c", peft, loss_type="dual_clip", dual_clip_c=10.0, epsilon_high=0.2)
-    _, g_fixed = loss_and_grads(fixed, mild_off_policy_batch(fixed))
-    adaptive = ours(tmp_path / "d", peft, loss_type="hapo_clip", epsilon_high=0.2)
-    _, g_off = loss_and_grads(adaptive, mild_off_policy_batch(adaptive))
+    _, g_fixed = off_policy_loss_and_grads(tmp_path / "c", peft, mild_off_policy_batch, loss_type="dual_clip",
+                                           dual_clip_c=10.0, epsilon_high=0.2)
+    _, g_off = off_policy_loss_and_grads(tmp_path / "d", peft, mild_off_policy_batch, loss_type="hapo_clip",
+                                         epsilon_high=0.2)
     assert grads_differ(g_fixed, g_off, atol=1e-7)
     assert all(torch.isfinite(g).all() for g in g_off.values())
 

@@ -5,10 +5,12 @@ import torch
 
 from tests.conftest import grads_differ, one_step
 from tests.integration.objective_helpers import (
+    assert_on_policy_matches,
     assert_split_invariant,
     current_logps,
     loss_and_grads,
     off_policy_batch,
+    off_policy_loss_and_grads,
     ours,
 )
 
@@ -18,15 +20,10 @@ PEFT = [False, True]
 @pytest.mark.parametrize("peft", PEFT)
 def test_kl_cov_on_and_off_policy(tmp_path, peft):
     # on-policy: |log ρ| = 0 with zero gradient → the token-mean policy gradient, i.e. dapo's at ρ = 1
-    _, g_dapo, _ = one_step(ours(tmp_path / "a", peft, loss_type="dapo"))
-    _, g_kl, _ = one_step(ours(tmp_path / "b", peft, loss_type="kl_cov"))
-    for k in g_dapo:
-        torch.testing.assert_close(g_kl[k], g_dapo[k], atol=1e-6, rtol=1e-5)
+    assert_on_policy_matches(tmp_path, peft, {"loss_type": "dapo"}, {"loss_type": "kl_cov"})
     # off-policy: coefficient 0 is the unclipped surrogate; the penalty (all tokens selected) changes the gradient
-    free = ours(tmp_path / "c", peft, loss_type="kl_cov", kl_cov_coef=0.0)
-    loss_free, g_free = loss_and_grads(free, off_policy_batch(free))
-    pen = ours(tmp_path / "d", peft, loss_type="kl_cov", kl_cov_ratio=1.0)
-    loss_pen, g_pen = loss_and_grads(pen, off_policy_batch(pen))
+    loss_free, g_free = off_policy_loss_and_grads(tmp_path / "c", peft, loss_type="kl_cov", kl_cov_coef=0.0)
+    loss_pen, g_pen = off_policy_loss_and_grads(tmp_path / "d", peft, loss_type="kl_cov", kl_cov_ratio=1.0)
     assert loss_pen > loss_free and grads_differ(g_free, g_pen, atol=1e-7)
 
 
