@@ -164,8 +164,9 @@ def spo_single_advantages(
     - NaN rewards get advantage 0, are excluded from the batch mean/std, and do not update the tracker (a prompt
       with no scored rollout is not visited: no decay either). With fewer than two scored rollouts the batch std
       counts as 0 (then `A − mean` is 0 for the single one). ±inf raises.
-    - **Not implemented here**: the tracker-driven prioritised prompt sampling (a data-stage piece; weights
-      `√(v̂(1−v̂)) + 0.05` over the dataset's prompts) — skipped.
+    - The tracker-driven prioritised prompt sampling (weights `√(v̂(1−v̂)) + 0.05` over the dataset's prompts) is
+      a separate sampling-stage flag, `rollout_filter="spo_prioritized"` (`trl_groupx/sampling/spo_prioritized.py`),
+      which reads this tracker.
 
     Args:
         rewards (`torch.Tensor`): `(N,)` rewards (NaN where unscored; ±inf raises).

@@ -31,3 +31,4 @@ from . import d3s, gfpo, zero_variance_filter  # noqa: F401  (registers the vari
 from . import dapo_dynamic_sampling  # noqa: F401  (registers the variant)
 from . import gcpo_ref  # noqa: F401  (registers the variant)
 from . import vade  # noqa: F401  (registers the variant and its prompt selection)
+from . import spo_prioritized  # noqa: F401  (registers the variant and its prompt selection)

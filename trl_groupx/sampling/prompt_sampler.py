@@ -41,6 +41,7 @@ Evaluation is untouched (TRL's eval sampler; the rollout-filter call works on a 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -111,6 +112,8 @@ class PromptSelectionSampler(Sampler[int]):
         from ..contracts import config_kwargs
 
         kwargs = config_kwargs(self.selection, trainer.args)
+        if "trainer" in inspect.signature(self.selection).parameters:  # it reads other variants' state (spo_prioritized)
+            kwargs["trainer"] = trainer
         indices = self.selection(state, self.prompts_per_batch, self.dataset_size, **kwargs)  # `seed`: args.seed
         if len(indices) != self.prompts_per_batch or not all(0 <= i < self.dataset_size for i in indices):
             raise RuntimeError(f"{self.variant_id}: the selection returned {indices}, expected "
