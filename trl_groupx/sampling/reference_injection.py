@@ -178,6 +178,21 @@ def _recompute_logps(trainer: Any, output: dict[str, Any], rows: list[int]) -> N
         output["ref_per_token_logps"][index] = (ref * mask).to(output["ref_per_token_logps"].dtype)
 
 
+def raise_together(error: ValueError | None, accelerator: Any, column: str) -> None:
+    """Raise on every process when any process lacks a reference: the others would otherwise wait forever in the
+    re-scoring gather. The process that found the empty row raises its own message."""
+    failed = error is not None
+    if accelerator.num_processes > 1:
+        failed = bool(accelerator.gather(torch.tensor([failed], device=accelerator.device)).any().item())
+    if error is not None:
+        raise error
+    if failed:
+        raise ValueError(
+            f"rollout_filter={VARIANT_ID!r}: another process found a prompt whose rollouts all failed and that has no "
+            f"reference solution in gcpo_ref_column={column!r}; fill the column for every row or filter such rows out."
+        )
+
+
 def inject_reference_solutions(trainer: Any, inputs: list[dict[str, Any]], output: dict[str, Any]) -> dict[str, Any]:
     """GCPO injection on one generation batch: returns the rewritten local `output` and updates
     `trainer._rewards_per_func` (global `(N, K)`, identical on every process) with the injected rows' rewards.
@@ -200,7 +215,13 @@ def inject_reference_solutions(trainer: Any, inputs: list[dict[str, Any]], outpu
         return output
 
     tokenizer = trainer._tokenizer
-    texts = [args.gcpo_ref_template.replace("{ref}", _reference_text(inputs[r], args.gcpo_ref_column)) for r in mine]
+    texts, missing = [], None
+    try:
+        texts = [args.gcpo_ref_template.replace("{ref}", _reference_text(inputs[r], args.gcpo_ref_column))
+                 for r in mine]
+    except ValueError as err:
+        missing = err
+    raise_together(missing, accel, args.gcpo_ref_column)
     ids = [reference_completion_ids(t, tokenizer, tokenizer.eos_token_id, trainer.max_completion_length) for t in texts]
     sequence_is = bool(getattr(trainer, "use_vllm", False) and trainer.vllm_importance_sampling_correction
                        and trainer.vllm_importance_sampling_mode.startswith("sequence"))

@@ -204,3 +204,26 @@ def test_bad_flags_fail_at_construction(flag, value, match):
 def test_params_need_the_variant():
     with pytest.raises(ValueError, match="gcpo_ref_column='answer' belongs to variant 'gcpo_ref'"):
         trl_groupx.GRPOConfig(output_dir="/tmp/unused", use_cpu=True, bf16=False, gcpo_ref_column="answer")
+
+
+class _Accelerator:
+    """Two processes seen from one: `gather` adds the other process's flag."""
+
+    num_processes, device = 2, "cpu"
+
+    def __init__(self, other_failed: bool):
+        self.other_failed = other_failed
+
+    def gather(self, flag):
+        return torch.cat([flag, torch.tensor([self.other_failed])])
+
+
+def test_a_missing_reference_stops_every_process():
+    from trl_groupx.sampling.reference_injection import raise_together
+
+    raise_together(None, _Accelerator(False), "solution")  # nobody failed: no error
+    with pytest.raises(ValueError, match="another process found a prompt .* gcpo_ref_column='solution'"):
+        raise_together(None, _Accelerator(True), "solution")  # this process is fine, the other is not: stop too
+    own = ValueError("this row has no reference")
+    with pytest.raises(ValueError, match="this row has no reference"):
+        raise_together(own, _Accelerator(False), "solution")
