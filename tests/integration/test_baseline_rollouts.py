@@ -154,3 +154,19 @@ def test_two_processes_share_the_split_groups_baseline(tmp_path):
     assert len(results) == 4
     for r in results:
         assert r["matches_formula"] and r["baseline_prompts_ok"], r
+
+
+def test_scoring_the_baseline_leaves_the_batch_logs_alone(tmp_path):
+    """A reward that logs a completions-table column and a metric: the greedy baselines' calls leave nothing behind
+    (else the next batch's table would get extra, misaligned rows)."""
+
+    def logging_reward(completions, log_extra, log_metric, **kwargs):
+        rewards = parity_reward(completions)
+        log_extra("parity", rewards)
+        log_metric("parity_calls", 1.0)
+        return rewards
+
+    trainer = ours(tmp_path, reward=logging_reward, advantage_estimator="remax")
+    one_step(trainer)
+    assert len(trainer._logs["extra"]["parity"]) == 8  # the rollouts' values only
+    assert not trainer._pending_extra_logs and not trainer._pending_metrics

@@ -20,10 +20,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-import trl
 from accelerate.utils import is_peft_model
-from trl.data_utils import is_conversational
 from trl.trainer.utils import use_adapter
+
+from ._scoring import score_aside
 
 # requirement name -> which policy generates the baseline and how many completions it draws
 BASELINE_REQUIREMENTS = {"greedy_baseline_rewards": "greedy", "reference_sample_rewards": "reference"}
@@ -111,13 +111,7 @@ def baseline_rewards(trainer: Any, inputs: list[dict[str, Any]], requirement: st
     finally:
         trainer._generating_baseline = False
     trainer.model.train(was_training)
-    texts = trainer.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
-    if is_conversational({"prompt": prompts[0]}):
-        completions = [[{"role": "assistant", "content": t}] for t in texts]
-    else:
-        completions = texts
-    # TRL's scorer (not our override, which records the rollouts' rewards); it gathers across processes.
-    per_func = trl.GRPOTrainer._calculate_rewards(trainer, chosen, prompts, completions, completion_ids)
+    per_func = score_aside(trainer, chosen, completion_ids)  # gathered: (P · padded_to, K)
     weights = trainer.reward_weights.to(per_func.device)
     scored = (per_func * weights).nansum(dim=1)
     scored[torch.isnan(per_func).all(dim=1)] = torch.nan  # (P · padded_to,)

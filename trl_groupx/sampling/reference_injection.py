@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from trl.data_utils import is_conversational
 from trl.trainer.utils import use_adapter
 
+from ._scoring import score_aside
 from .dapo_dynamic_sampling import LEFT_PADDED, RIGHT_PADDED, pad_to_width, weighted_rewards
 from .gcpo_ref import VARIANT_ID
 
@@ -133,25 +133,7 @@ def _rescore(trainer: Any, inputs: list[dict[str, Any]], rows: list[int], comple
     fill_rows = rows + [rows[0] if rows else 0] * (count - len(rows))
     filler = completion_ids[0] if completion_ids else [trainer._tokenizer.eos_token_id]
     fill_ids = completion_ids + [filler] * (count - len(rows))
-    sub_inputs = [inputs[r] for r in fill_rows]
-    prompts = [x["prompt"] for x in sub_inputs]
-    texts = trainer._tokenizer.batch_decode(fill_ids, skip_special_tokens=True)  # as TRL decodes completions
-    conversational = is_conversational({"prompt": prompts[0]})
-    completions = [[{"role": "assistant", "content": t}] for t in texts] if conversational else texts
-    # Re-scoring must not leave its side effects behind: the saved global reward matrix and the pending
-    # completions-table columns and metrics of the generation call (sized for the whole batch).
-    saved = trainer._rewards_per_func
-    pending_logs = {k: list(v) for k, v in trainer._pending_extra_logs.items()}
-    pending_metrics = {k: list(v) for k, v in trainer._pending_metrics.items()}
-    try:
-        rewards = trainer._calculate_rewards(sub_inputs, prompts, completions, fill_ids)
-    finally:
-        trainer._rewards_per_func = saved
-        trainer._pending_extra_logs.clear()
-        trainer._pending_extra_logs.update(pending_logs)
-        trainer._pending_metrics.clear()
-        trainer._pending_metrics.update(pending_metrics)
-    return rewards
+    return score_aside(trainer, [inputs[r] for r in fill_rows], fill_ids)
 
 
 def _recompute_logps(trainer: Any, output: dict[str, Any], rows: list[int]) -> None:
