@@ -2,6 +2,7 @@
 
     python benchmarks/overhead.py --steps 20                    # every variant, writes results/overhead.{md,json}
     python benchmarks/overhead.py --steps 5 --cases "no flag" gmpo
+    python benchmarks/overhead.py --steps 15 --missing --output-dir benchmarks/results   # add new variants' rows
 
 The cases come from the registry, so a new variant joins without an edit here. Each case runs the variant's own flags
 (the paper's defaults) in `trl_groupx.GRPOTrainer` against `trl.GRPOTrainer` with the same TRL-level settings (group
@@ -35,6 +36,7 @@ import trl  # noqa: E402
 import trl_groupx  # noqa: E402
 from tests.conftest import build_trainer, parity_reward  # noqa: E402
 from trl_groupx.config import TRL_LOSS_TYPES  # noqa: E402
+from trl_groupx.sampling.prompt_sampler import selection_for  # noqa: E402
 
 TRL_FIELDS = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
 
@@ -87,6 +89,8 @@ def measure(name: str, flags: dict, steps: int, tmp: Path) -> dict:
     # the base model under the adapter is the reference (no second model)
     peft = bool({"ref_logps", "reference_sample_rewards"} & requires)
     sizes = batch_flags(flags)
+    # the toy dataset's reference column (ours only: TRL has no such field)
+    column = {"gcpo_ref_column": "answer"} if "gcpo_ref_column" in flags else {}
     if "step_structure" in requires:  # multi-turn step credit: both trainers play the shipped counter game
         from trl_groupx.toy.counter_rollout import make_counter_game_rollout
 
@@ -94,10 +98,22 @@ def measure(name: str, flags: dict, steps: int, tmp: Path) -> dict:
     theirs = build_trainer(trl.GRPOTrainer, trl.GRPOConfig, tmp / f"{name}-trl", reward_funcs=rewards, peft=peft,
                            **{**trl_flags(flags), **sizes})
     ours = build_trainer(trl_groupx.GRPOTrainer, trl_groupx.GRPOConfig, tmp / f"{name}-ours", reward_funcs=rewards,
-                         peft=peft, **{**flags, **sizes})
+                         peft=peft, **{**flags, **sizes, **column})
     timed_step(theirs, -1), timed_step(ours, -1)  # warm-up, not counted
     ratios = [timed_step(ours, step) / timed_step(theirs, step) for step in range(steps)]
     return {"median_ratio": statistics.median(ratios), "steps": steps, "flags": flags, "lora": peft}
+
+
+#: Requirement → the extra work the trainer does to fill it (the overhead's usual source).
+EXTRA_WORK = {
+    "ref_logps": "reference log-probs",
+    "greedy_baseline_rewards": "one greedy completion per group, generated and scored",
+    "reference_sample_rewards": "one reference-model completion per rollout, generated and scored",
+    "contrast_logps": "one no-grad forward under the negative prompt",
+    "intra_group_token_divergence": "one no-grad full-distribution forward per group",
+    "prompt_kl": "one no-grad forward over each prompt's stored response",
+    "step_structure": "timed on the counter game (multi-turn rollouts)",
+}
 
 
 def what_it_adds(name: str) -> str:
@@ -109,14 +125,27 @@ def what_it_adds(name: str) -> str:
     parts = {"sampling": "a keep-mask over the rollouts", "advantages": "an advantage function on the global batch",
              "token_weights": "per-token weights", "objective": "its surrogate in place of TRL's loss"}
     extra = [parts[variant.stage]]
+    if selection_for(name) is not None:  # prompt selection: chooses the prompts, keeps every rollout
+        extra = ["a prompt choice before generation"]
+    elif "gcpo_ref_column" in variant.params:
+        extra = ["a reference completion re-scored for all-fail groups"]
     if {"entropies", "old_logps"} & set(variant.requires) and variant.stage == "token_weights":
         extra.append("one no-grad forward for rollout log-probs/entropies")
-    if "ref_logps" in variant.requires:
-        extra.append("reference log-probs")
+    extra += [what for need, what in EXTRA_WORK.items() if need in variant.requires]
     return "; ".join(extra)
 
 
+def table_footer(path: Path) -> list[str]:
+    """The hand-written notes below an existing report's table (kept when rows are added)."""
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()
+    last_row = max(i for i, line in enumerate(lines) if line.startswith("|"))
+    return lines[last_row + 1:]
+
+
 def write_report(results: dict, out: Path, steps: int) -> None:
+    footer = table_footer(out / "overhead.md")
     lines = ["# Step-time overhead against plain TRL\n",
              f"`python benchmarks/overhead.py --steps {steps}`: median over {steps} interleaved steps of "
              "(trl_groupx step time / trl.GRPOTrainer step time) on the same batches, tiny model, CPU, 1 thread. "
@@ -125,7 +154,7 @@ def write_report(results: dict, out: Path, steps: int) -> None:
     for name, r in results.items():
         cell = f"{r['median_ratio']:.3f}" if "median_ratio" in r else f"skipped: {r['skipped']}"
         lines.append(f"| {name} | {cell} | {what_it_adds(name)} |")
-    (out / "overhead.md").write_text("\n".join(lines) + "\n")
+    (out / "overhead.md").write_text("\n".join(lines + footer) + "\n")
     (out / "overhead.json").write_text(json.dumps(results, indent=1, default=str))
 
 
@@ -135,7 +164,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--cases", nargs="*", default=list(cases), help="case names (default: all)")
     parser.add_argument("--output-dir", default=None, help="write overhead.md/.json here (default: print only)")
+    parser.add_argument("--missing", action="store_true",
+                        help="only the cases absent from --output-dir's overhead.json; merge them into it")
     ns = parser.parse_args(argv)
+    previous: dict[str, dict] = {}
+    if ns.missing:
+        if not ns.output_dir:
+            parser.error("--missing needs --output-dir (the report to complete)")
+        saved = Path(ns.output_dir) / "overhead.json"
+        previous = json.loads(saved.read_text()) if saved.exists() else {}
+        ns.cases = [c for c in ns.cases if c not in previous]
     unknown = [c for c in ns.cases if c not in cases]
     if unknown:
         parser.error(f"unknown cases {unknown}; choose from {list(cases)}")
@@ -152,7 +190,8 @@ def main(argv: list[str] | None = None) -> dict:
     if ns.output_dir:
         out = Path(ns.output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        write_report(results, out, ns.steps)
+        merged = {name: {**previous, **results}[name] for name in cases if name in {**previous, **results}}
+        write_report(merged, out, ns.steps)
     return results
 
 

@@ -1,6 +1,7 @@
 """Keeps the benchmark scripts working (tiny sizes; no timing is asserted)."""
 
 import importlib.util
+import json
 from pathlib import Path
 
 import trl_groupx
@@ -66,6 +67,27 @@ def test_overhead_cases_cover_the_registry(tmp_path):
     results = overhead.main(["--steps", "1", "--cases", "sign_adv", "--output-dir", str(tmp_path)])
     assert results["sign_adv"]["median_ratio"] > 0
     assert "| sign_adv |" in (tmp_path / "overhead.md").read_text()
+
+
+def test_overhead_missing_adds_only_absent_rows(tmp_path):
+    overhead = _load("overhead")
+    known = {name: {"median_ratio": 1.5, "steps": 3, "flags": flags}
+             for name, flags in overhead.registry_cases().items() if name != "sign_adv"}
+    (tmp_path / "overhead.json").write_text(json.dumps(known))
+    (tmp_path / "overhead.md").write_text("# old\n\n| case | median ratio | what it adds |\n|---|---|---|\n\nA note.\n")
+    results = overhead.main(["--steps", "1", "--missing", "--output-dir", str(tmp_path)])
+    assert list(results) == ["sign_adv"]  # only the absent case ran
+    merged = json.loads((tmp_path / "overhead.json").read_text())
+    assert merged.keys() == overhead.registry_cases().keys() and merged["gmpo"]["median_ratio"] == 1.5
+    report = (tmp_path / "overhead.md").read_text()
+    assert "| gmpo | 1.500 |" in report and "| sign_adv |" in report and report.rstrip().endswith("A note.")
+
+
+def test_committed_overhead_table_has_every_variant():
+    """Rows are added with `overhead.py --missing --output-dir benchmarks/results` when a variant lands."""
+    rows = json.loads((BENCH / "results" / "overhead.json").read_text())
+    missing = sorted({v.id for v in trl_groupx.list_variants()} - set(rows))
+    assert not missing, f"run: python benchmarks/overhead.py --steps 15 --missing --output-dir benchmarks/results ({missing})"
 
 
 def test_gpu_memory_check_dry_run(tmp_path):
