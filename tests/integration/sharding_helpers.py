@@ -24,7 +24,8 @@ MAX_COMPLETION = 6
 # the weights. The checkpoint case keeps TRL's AdamW, whose moments must survive the change of launcher.
 SGD = {"optim": "sgd", "learning_rate": 0.05}
 
-# One variant per stage, and every stateful variant (trl_groupx.list_variants(): only `ebpo` today).
+# One variant per stage and a stateful one; the other stateful variants have their own torchrun workers
+# (test_stateful_contract.py checks that each has one).
 CASES: dict[str, dict[str, Any]] = {
     "gfpo": {"rollout_filter": "gfpo", "gfpo_keep": 2, **SGD},  # sampling
     "zero_variance_filter": {"rollout_filter": "zero_variance_filter", **SGD},  # sampling

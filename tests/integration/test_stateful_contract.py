@@ -1,0 +1,71 @@
+"""Every stateful variant of the registry, with its registry flags (the paper's defaults), resumes exactly: 3 steps
+uninterrupted equal 2 steps, a checkpoint, and 1 resumed step (weights bit for bit, variant state equal); and each
+one has a multi-process test. A variant that declares `stateful=True` joins both checks without an edit here; its
+own test file checks what its state means."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import trl_groupx
+from tests.conftest import build_trainer
+from trl_groupx.trainer import VARIANT_STATE_NAME
+
+STATEFUL = sorted(v.id for v in trl_groupx.list_variants() if v.stateful)
+INTEGRATION = Path(__file__).parent
+
+
+def _settings(variant) -> dict:
+    """Registry flags + what the tiny setting needs: the toy dataset's reference column, the LoRA base as reference."""
+    flags = dict(variant.flags)
+    if "gcpo_ref_column" in variant.params:
+        flags["gcpo_ref_column"] = "answer"
+    return flags
+
+
+def _run(path: Path, variant, resume: str | None = None):
+    peft = bool({"ref_logps", "reference_sample_rewards"} & set(variant.requires))
+    trainer = build_trainer(trl_groupx.GRPOTrainer, trl_groupx.GRPOConfig, path, peft=peft, max_steps=3,
+                            save_strategy="steps", save_steps=1, **_settings(variant))
+    trainer.train(resume_from_checkpoint=resume)
+    return trainer
+
+
+def _assert_same_state(a, b, where: str) -> None:
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            _assert_same_state(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), where
+    else:
+        assert a == b, where
+
+
+def test_the_registry_has_stateful_variants():
+    assert {"ebpo", "vade", "spo_single"} <= set(STATEFUL)  # the contract below is not vacuous
+
+
+@pytest.mark.parametrize("variant_id", STATEFUL)
+def test_resume_continues_exactly(tmp_path, variant_id):
+    variant = trl_groupx.get_variant(variant_id)
+    full = _run(tmp_path / "full", variant)
+    checkpoint = tmp_path / "full" / "checkpoint-2"
+    saved = torch.load(checkpoint / VARIANT_STATE_NAME, weights_only=False)
+    assert variant_id in saved, f"{variant_id}: its state is not in the checkpoint"
+    resumed = _run(tmp_path / "resumed", variant, resume=str(checkpoint))
+    assert resumed.state.global_step == full.state.global_step == 3
+    _assert_same_state(full.variant_state[variant_id], resumed.variant_state[variant_id], variant_id)
+    for (name, p), (_, q) in zip(full.model.named_parameters(), resumed.model.named_parameters(), strict=True):
+        assert torch.equal(p, q), f"{variant_id}: {name} differs after resuming"
+
+
+@pytest.mark.parametrize("variant_id", STATEFUL)
+def test_has_a_multiprocess_test(variant_id):
+    """Stateful variants keep their state identical on every rank: each needs a torchrun worker that runs it."""
+    workers = [p for p in INTEGRATION.glob("*mp*worker.py") if f'"{variant_id}"' in p.read_text()]
+    cases = (INTEGRATION / "sharding_helpers.py").read_text()
+    assert workers or f'"{variant_id}"' in cases, f"{variant_id}: no *_mp_worker.py runs it"
