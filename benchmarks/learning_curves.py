@@ -1,6 +1,7 @@
 """Learning curves of GRPO variants on the shipped tiny arithmetic model (CPU, offline), several seeds per variant.
 
-    python benchmarks/learning_curves.py --steps 150 --seeds 2
+    python benchmarks/learning_curves.py --steps 150 --seeds 3
+    python benchmarks/learning_curves.py --steps 150 --seeds 3 --merge     # only the configs the report lacks
 
 Every configuration trains with trl_groupx.GRPOTrainer and the demo's defaults (trl_groupx.demo.DEMO_DEFAULTS) for
 the same number of steps and the same number of rollouts per step (per_device_train_batch_size fixed at 64, so a
@@ -44,6 +45,12 @@ def _registry(variant_id: str) -> dict:
     return dict(trl_groupx.get_variant(variant_id).flags)
 
 
+# One member per further catalog family: baselines (rloo, remax), trust region (clip_cov), surrogate (gpg), dense
+# credit (s_grpo_tspmo), prompt selection (vade), staleness (offpolicy_grpo), all-fail rescue (gcpo_ref), rollout
+# diversity + asymmetric KL (mdp_grpo). Plotted apart from the first list (learning_curves_families.png).
+FAMILIES = ("rloo", "remax", "clip_cov", "gpg", "s_grpo_tspmo", "vade", "offpolicy_grpo", "gcpo_ref", "mdp_grpo")
+
+
 def default_configs() -> dict[str, dict]:
     """name -> GRPOConfig flags. Variant flags come from the registry (the paper's defaults)."""
     configs = {"plain TRL (dapo)": {}}
@@ -55,6 +62,14 @@ def default_configs() -> dict[str, dict]:
     for g in (2, 4):
         configs[f"plain TRL, G={g}"] = {"num_generations": g}
         configs[f"sign_adv, G={g}"] = {**_registry("sign_adv"), "num_generations": g}
+    # one member of each remaining family of the catalog that runs on this task (multi-turn step credit and the
+    # second-model rows need an environment or a second model; efficiency variants leave the maths unchanged)
+    for vid in FAMILIES[:7]:
+        configs[vid] = _registry(vid)
+    configs["gcpo_ref"] = {**_registry("gcpo_ref"), "gcpo_ref_column": "answer"}  # the toy's reference column
+    # MDP-GRPO's three parts: per-completion temperatures, prospect-shaped advantages, asymmetric KL (G = 4)
+    configs["mdp_grpo"] = {**_registry("mdp_grpo"), "num_generations": 4,
+                           "generation_temperatures": [0.1, 0.4, 0.7, 1.0], "beta": 0.01, "beta_negative": 0.025}
     return configs
 
 
@@ -164,7 +179,8 @@ def write_report(results: dict, env: dict, steps: int, out: Path, task: str = "a
     lines += ["", "Machine: " + ", ".join(f"{k} {v}" for k, v in env.items()), ""]
     if task == "arithmetic":
         lines += ["![reward vs step, group size 8](learning_curves.png)", "",
-                  "![reward vs step, small groups](learning_curves_small_groups.png)", ""]
+                  "![reward vs step, small groups](learning_curves_small_groups.png)", "",
+                  "![reward vs step, further families](learning_curves_families.png)", ""]
     else:
         lines += [f"![reward vs step]({stem}.png)", ""]
     (out / f"{stem}.md").write_text("\n".join(lines))
@@ -192,6 +208,20 @@ def plot(results: dict, names: list[str], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def previous_results(out: Path, task: str, steps: int) -> dict:
+    """The results of an existing report, refused if it was run with another task or step count."""
+    stem = "learning_curves" if task == "arithmetic" else f"learning_curves_{task}"
+    path = out / f"{stem}.json"
+    if not path.exists():
+        return {}
+    saved = json.loads(path.read_text())
+    saved.setdefault("task", "arithmetic")  # reports written before --task existed
+    if (saved["task"], saved["steps"]) != (task, steps):
+        raise SystemExit(f"--merge: {path} has task={saved['task']!r}, steps={saved['steps']}; "
+                         f"rerun with --task {saved['task']} --steps {saved['steps']} or without --merge")
+    return saved["results"]
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=300)
@@ -200,12 +230,20 @@ def main(argv: list[str] | None = None) -> dict:
                         help="arithmetic: the default list; mixed: difficulty weighting on an easy/hard mix")
     parser.add_argument("--configs", nargs="*", help="names from the task's list (all when omitted)")
     parser.add_argument("--output-dir", default=str(Path(__file__).resolve().parent / "results"))
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the other configs of --output-dir's report (same task and steps); run --configs "
+                             "or, without --configs, the configs the report lacks")
     ns = parser.parse_args(argv)
     configs = default_configs() if ns.task == "arithmetic" else mixed_configs()
-    names = ns.configs or list(configs)
     out = Path(ns.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     env, results = environment(), {}
+    if ns.merge:
+        results = previous_results(out, ns.task, ns.steps)
+    names = ns.configs or [n for n in configs if n not in results]
+    unknown = [n for n in names if n not in configs]
+    if unknown:
+        parser.error(f"unknown configs {unknown}; choose from {list(configs)}")
     for name in names:
         results[name] = {"flags": configs[name], "runs": []}
         for seed in range(ns.seeds):
@@ -215,12 +253,18 @@ def main(argv: list[str] | None = None) -> dict:
             shown = "  ".join(f"{k} {v:.3f}" for k, v in run.items() if k.startswith("pass@"))
             print(f"{name:<22} seed {seed}  last reward {run['rewards'][-1]:.3f}  {shown}  {run['wall_s']:.0f}s",
                   flush=True)
+        results = {n: results[n] for n in configs if n in results}  # the list's order
         write_report(results, env, ns.steps, out, ns.task)  # partial results survive an interrupted run
+    names = list(results)
     if ns.task != "arithmetic":
         plot(results, names, out / f"learning_curves_{ns.task}.png", "easy/hard mix (operands <= 20 | <= 40)")
         return results
     small = [n for n in names if ", G=" in n]
-    plot(results, [n for n in names if n not in small], out / "learning_curves.png", "group size 8 (gfpo: 16 → keep 8)")
+    families = [n for n in names if n in FAMILIES]
+    plot(results, [n for n in names if n not in small and n not in families], out / "learning_curves.png",
+         "group size 8 (gfpo: 16 → keep 8)")
+    plot(results, ["plain TRL (dapo)"] * ("plain TRL (dapo)" in results) + families,
+         out / "learning_curves_families.png", "one variant per further family (mdp_grpo: G = 4)")
     plot(results, small or names[:1], out / "learning_curves_small_groups.png", "small groups, 64 rollouts per step")
     return results
 

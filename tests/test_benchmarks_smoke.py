@@ -4,6 +4,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 import trl_groupx
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -38,6 +40,18 @@ def test_learning_curves_writes_results(tmp_path):
     for name in ("learning_curves.md", "learning_curves.json", "learning_curves.png", "learning_curves_small_groups.png"):
         assert (tmp_path / name).stat().st_size > 0
     assert "| sign_adv |" in (tmp_path / "learning_curves.md").read_text()
+
+
+def test_learning_curves_merge_keeps_the_report_and_refuses_another_step_count(tmp_path):
+    curves = _load("learning_curves")
+    curves.main(["--steps", "2", "--seeds", "1", "--configs", "sign_adv", "--output-dir", str(tmp_path)])
+    results = curves.main(["--steps", "2", "--seeds", "1", "--merge", "--configs", "rloo", "--output-dir", str(tmp_path)])
+    assert list(results) == ["sign_adv", "rloo"]  # the list's order, the earlier run kept
+    report = (tmp_path / "learning_curves.md").read_text()
+    assert "| sign_adv |" in report and "| rloo |" in report
+    assert (tmp_path / "learning_curves_families.png").stat().st_size > 0
+    with pytest.raises(SystemExit, match="steps=2"):
+        curves.main(["--steps", "3", "--seeds", "1", "--merge", "--output-dir", str(tmp_path)])
 
 
 def test_learning_curves_mixed_task_reports_easy_and_hard(tmp_path):
