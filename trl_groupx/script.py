@@ -81,6 +81,13 @@ def _script_arguments_cls():
         multi_round_max_tokens: int | None = field(
             default=None, metadata={"help": "rollout=multi_round: new tokens per later round (max_completion_length)."}
         )
+        headroom_probe_prompts: int = field(
+            default=0, metadata={"help": "Before training, log sampled-minus-greedy success (headroom/*) of the first "
+                                         "N training prompts under the first reward (webagent_headroom); 0 = off."}
+        )
+        headroom_probe_samples: int = field(
+            default=8, metadata={"help": "headroom_probe_prompts: sampled completions per prompt."}
+        )
         plan: bool = field(
             default=False, metadata={"help": "Print the memory plan (docs/memory.md) and exit without training."}
         )
@@ -177,7 +184,7 @@ def build_trainer(script_args, training_args, model_args):
     rewards = _bind_rewards(rewards, training_args)
     if model_args.dtype not in (None, "auto") and training_args.model_init_kwargs is None:
         training_args.model_init_kwargs = {"dtype": model_args.dtype}
-    return GRPOTrainer(
+    trainer = GRPOTrainer(
         model=model_args.model_name_or_path,
         reward_funcs=rewards,
         args=training_args,
@@ -187,6 +194,15 @@ def build_trainer(script_args, training_args, model_args):
         quantization_config=get_quantization_config(model_args),
         rollout_func=rollout_func,
     )
+    if script_args.headroom_probe_prompts < 0 or script_args.headroom_probe_samples < 1:
+        raise ValueError("headroom_probe_prompts must be >= 0 (0 = off) and headroom_probe_samples >= 1.")
+    if script_args.headroom_probe_prompts:
+        from .diagnostics import HeadroomProbe
+
+        rows = train_dataset.select(range(min(script_args.headroom_probe_prompts, len(train_dataset))))
+        probe = HeadroomProbe(rows, rewards[0], num_samples=script_args.headroom_probe_samples)
+        trainer.add_callback(probe.bind(trainer))
+    return trainer
 
 
 def main(argv: list[str] | None = None) -> None:

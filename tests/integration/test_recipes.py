@@ -58,7 +58,8 @@ def test_recipe_parses_and_trains_one_step(recipe, tmp_path, monkeypatch):
     # application papers run plain GRPO: their recipe switches on the paper's registered reward instead of a variant;
     # TRL's built-in presets are not dispatched by trl_groupx: their recipe sets the preset's registry flags
     native = NATIVE.get(recipe.stem)
-    assert training_args.active_variants() or recipe.stem in APPLICATION_REWARDS or native, (
+    diagnostic = script_args.headroom_probe_prompts > 0  # webagent_headroom: plain GRPO + the headroom probe
+    assert training_args.active_variants() or recipe.stem in APPLICATION_REWARDS or native or diagnostic, (
         f"{recipe.name} switches on no trl_groupx variant"
     )
     if native:
@@ -69,6 +70,8 @@ def test_recipe_parses_and_trains_one_step(recipe, tmp_path, monkeypatch):
     trainer = build_trainer(script_args, training_args, model_args)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     trainer.train()
+    if diagnostic:  # logged once, before the first step
+        assert sum("headroom/headroom" in h for h in trainer.state.log_history) == 1
     assert model_args.use_peft and any("lora" in n for n in before)
     moved = [n for n, p in trainer.model.named_parameters() if p.requires_grad and not torch.equal(before[n], p)]
     assert moved
@@ -80,3 +83,12 @@ def test_unknown_reward_and_imports_need_opt_in():
     with pytest.raises(ValueError, match="reward_funcs is empty"):
         resolve_reward_funcs([], allow_imports=False)
     assert resolve_reward_funcs(["trl_groupx.toy.arithmetic_reward"], allow_imports=True)
+
+
+def test_headroom_probe_settings_are_checked(tmp_path):
+    script_args, training_args, model_args = make_parser().parse_args_and_config(
+        ["--config", str(RECIPES[0].parent / "webagent_headroom.yaml"), "--toy", "--output_dir", str(tmp_path),
+         *CPU_OVERRIDES, "--headroom_probe_samples", "0"]
+    )
+    with pytest.raises(ValueError, match="headroom_probe_samples >= 1"):
+        build_trainer(script_args, training_args, model_args)
