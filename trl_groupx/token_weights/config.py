@@ -137,6 +137,16 @@ class TokenWeightArgs:
     gcpo_guidance_negative_prompt_fn (`str` or `None`, defaults to `None`): dotted import path
         `"package.module.function"` of a callable mapping a row's prompt (text or message list) to its negative
         prompt (same form); replaces the template. A path, not a callable, so the config stays serialisable.
+
+    > dcpo
+    dcpo_entropy_target (`float`, defaults to `0.5`): H0, the target mean negative log-likelihood per completion
+        token (nats; official script `entropy_base` 0.5, the paper's best 0.25).
+    dcpo_temperatures (`list[float]`, defaults to `[1.2, 0.8]`): `[T_high, T_low]`: the target distribution's
+        temperature while the previous batch's entropy is at or below H0 (raise it) and above H0 (lower it).
+    dcpo_entropy_gap_cap (`float`, defaults to `0.1`): cap on `|H0 − H|` in the mixing weight `α = a/(a+1)`,
+        `a = min(|H0 − H|, cap) / q` (hard-coded 0.1 in the official code).
+    dcpo_success_threshold (`float`, defaults to `0.05`): a completion is successful (`b = 1`, gets the target
+        term) when its reward exceeds it (official 0.05).
     """
 
     token_weighting: str | None = field(
@@ -267,4 +277,14 @@ class TokenWeightArgs:
     gcpo_guidance_negative_prompt_fn: str | None = field(
         default=None,
         metadata={"help": "GCPO: dotted path of a callable prompt -> negative prompt (replaces the template)."},
+    )
+    # dcpo
+    dcpo_entropy_target: float = field(default=0.5, metadata={"help": "DCPO: target entropy H0 (nats per token)."})
+    dcpo_temperatures: list[float] = field(
+        default_factory=lambda: [1.2, 0.8],
+        metadata={"help": "DCPO: target temperatures [T_high (entropy <= H0), T_low (entropy > H0)]."},
+    )
+    dcpo_entropy_gap_cap: float = field(default=0.1, metadata={"help": "DCPO: cap on |H0 - H| in alpha."})
+    dcpo_success_threshold: float = field(
+        default=0.05, metadata={"help": "DCPO: reward above which a completion gets the target term."}
     )
