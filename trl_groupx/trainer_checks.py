@@ -40,6 +40,10 @@ def check_variant_components(trainer: Any, variants: dict[str, Variant]) -> None
         from .sampling.reference_injection import check_reference_injection
 
         check_reference_injection(trainer)
+    if getattr(variants.get("sampling"), "id", None) == "igrpo":  # single-turn generation from rewritten prompts
+        from .sampling.best_draft import check_best_draft
+
+        check_best_draft(trainer)
     token_variant = variants.get("token_weights")
     if token_variant and "token_blocks" in token_variant.requires:  # one text block per reward function
         from .token_weights.blocks import block_tags_field

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .igrpo import IGRPO_DRAFT_TEMPLATE
+
 
 @dataclass
 class SamplingArgs:
@@ -56,6 +58,13 @@ class SamplingArgs:
     vade_decay_fast (`float`, *optional*, defaults to `0.8`):
         VADE: a revisited prompt's evidence is further scaled by this before its new group is added (fast scale;
         our choice). In (0, 1].
+    igrpo_num_drafts (`int` or `None`, *optional*, defaults to `None`):
+        iGRPO (`rollout_filter="igrpo"`): stage-1 drafts sampled per prompt, the best of which is appended to the
+        prompt for the trained stage-2 rollouts; `None` = `num_generations` (our choice; the paper's k is not known
+        to us). See `trl_groupx/sampling/igrpo.py`.
+    igrpo_draft_template (`str`, *optional*, defaults to a short "previous attempt" note):
+        iGRPO: text appended to the prompt (last user message) in stage 2, with `{draft}` replaced by the best draft
+        (plain substitution; our choice of wording).
     """
 
     rollout_filter: str | None = field(
@@ -100,6 +109,13 @@ class SamplingArgs:
     )
     vade_decay_fast: float = field(
         default=0.8, metadata={"help": "VADE: extra decay of a revisited prompt's posterior, in (0, 1]."}
+    )
+    igrpo_num_drafts: int | None = field(
+        default=None, metadata={"help": "iGRPO: stage-1 drafts per prompt (None = num_generations)."}
+    )
+    igrpo_draft_template: str = field(
+        default=IGRPO_DRAFT_TEMPLATE,
+        metadata={"help": "iGRPO: text appended to the prompt in stage 2; '{draft}' is replaced by the best draft."},
     )
 
     def __post_init__(self) -> None:
