@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 import trl
 
+import trl_groupx
 from trl_groupx import GRPOConfig
 
 BASE = dict(output_dir="/tmp/unused", use_cpu=True, bf16=False)
@@ -76,3 +77,11 @@ def test_compositions_across_stages_are_accepted():
 def test_step_credit_estimators_refuse_a_token_stage(estimator):
     with pytest.raises(ValueError, match=f"advantage_estimator='{estimator}' writes per-turn .* unset token_weighting"):
         GRPOConfig(**BASE, advantage_estimator=estimator, token_weighting="nat")
+
+
+@pytest.mark.parametrize("variant", [v for v in trl_groupx.list_variants() if not v.native], ids=lambda v: v.id)
+def test_group_size_one_is_refused_for_every_variant(variant, tmp_path):
+    """A group of one has no baseline: TRL's config refuses it, and no variant's flags get past that check."""
+    flags = {k: v for k, v in variant.flags.items() if k != "num_generations"}
+    with pytest.raises(ValueError, match="at least 2 generations per prompt"):
+        GRPOConfig(output_dir=str(tmp_path), use_cpu=True, num_generations=1, per_device_train_batch_size=8, **flags)
