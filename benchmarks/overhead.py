@@ -91,6 +91,10 @@ def measure(name: str, flags: dict, steps: int, tmp: Path) -> dict:
     sizes = batch_flags(flags)
     # the toy dataset's reference column (ours only: TRL has no such field)
     column = {"gcpo_ref_column": "answer"} if "gcpo_ref_column" in flags else {}
+    if "teacher_logps" in requires:  # dGRPO's teacher: the tiny model itself (the student's tokenizer)
+        from trl_groupx.toy import tiny_model_path
+
+        column["opd_teacher_model"] = tiny_model_path()
     if "step_structure" in requires:  # multi-turn step credit: both trainers play the shipped counter game
         from trl_groupx.toy.counter_rollout import make_counter_game_rollout
 
@@ -112,6 +116,7 @@ EXTRA_WORK = {
     "contrast_logps": "one no-grad forward under the negative prompt",
     "intra_group_token_divergence": "one no-grad full-distribution forward per group",
     "prompt_kl": "one no-grad forward over each prompt's stored response",
+    "teacher_logps": "one no-grad teacher forward per generation batch",
     "step_structure": "timed on the counter game (multi-turn rollouts)",
 }
 

@@ -163,6 +163,9 @@ def build_trainer(script_args, training_args, model_args):
     if script_args.toy or model_args.model_name_or_path == TOY_MODEL:
         model_args.model_name_or_path = tiny_model_path()
         processing_class = load_tiny_tokenizer()
+    teacher = getattr(training_args, "opd_teacher_model", None)  # dGRPO's teacher shares the student's tokenizer
+    if teacher is not None and (script_args.toy or teacher == TOY_MODEL):
+        training_args.opd_teacher_model = tiny_model_path()
     if script_args.toy or script_args.dataset_name == TOY_DATASET:
         train_dataset = arithmetic_dataset(n=1024, seed=training_args.seed)
     else:

@@ -16,6 +16,7 @@ import torch
 import trl_groupx
 from tests.conftest import build_trainer, one_step
 from trl_groupx.config import GRPOConfig
+from trl_groupx.toy import tiny_model_path
 from trl_groupx.toy.counter_rollout import make_counter_game_rollout
 
 CONFIG_FIELDS = {f.name for f in dataclasses.fields(GRPOConfig)}
@@ -74,6 +75,8 @@ def build(variant, tmp_path, rewards, **overrides):
         overrides.setdefault("max_completion_length", 64)
     if "gcpo_ref_column" in variant.params:  # the toy dataset's reference column
         overrides.setdefault("gcpo_ref_column", "answer")
+    if "teacher_logps" in variant.requires:  # dGRPO's teacher: the tiny model itself (the student's tokenizer)
+        overrides.setdefault("opd_teacher_model", tiny_model_path())
     peft = bool({"ref_logps", "reference_sample_rewards"} & set(variant.requires))  # the base is the reference
     return build_trainer(trl_groupx.GRPOTrainer, GRPOConfig, tmp_path, peft=peft, reward_funcs=reward_funcs, **extra,
                          **toy_flags(variant, **overrides))

@@ -7,6 +7,7 @@ Aggregation is `aggregate(per_token_loss, mask, mode, ...)`, chosen by `loss_agg
 from .aggregation import AGGREGATIONS, TRL_LOSS_AGGREGATION, aggregate, balanced_sequence_scale, resolved_aggregation
 from .balanced_agg import balanced_agg_surrogate
 from .ctpo import ctpo_surrogate
+from .dgrpo import dgrpo_surrogate
 from .dhpo import dhpo_surrogate
 from .dppo import dppo_kl_surrogate, dppo_tv_surrogate
 from .dual_clip import dual_clip_surrogate
@@ -34,6 +35,7 @@ __all__ = [
     "clip_cov_surrogate",
     "clipped_surrogate",
     "ctpo_surrogate",
+    "dgrpo_surrogate",
     "dhpo_surrogate",
     "dppo_kl_surrogate",
     "dppo_tv_surrogate",

@@ -112,6 +112,13 @@ class ObjectiveArgs:
         `A < 0` trajectories). Choice (no paper value; DAPO's clip-low reused).
     fiberpo_rollback_slope (`float`, defaults to `1.0`): FiberPO: slope −κ of the trajectory gate beyond its budget
         (the rollback zone); 1 = reflection, 0 = flat clip. Choice (the slope is not given to us).
+
+    > dgrpo
+    opd_teacher_model (`str` or `None`, defaults to `None`): dGRPO: model id or local path of the teacher (a stronger
+        causal LM with the student's tokenizer), loaded once by the trainer, frozen. Needed when `opd_coef > 0`.
+    opd_coef (`float`, defaults to `1.0`): dGRPO: weight λ ≥ 0 of the on-policy distillation term (per-token
+        sampled reverse KL to the teacher) added to GRPO's loss; 0 = plain GRPO. Choice (the paper's λ is not given to
+        us; verl's default distillation coefficient).
     """
 
     loss_aggregation: str | None = field(
@@ -184,3 +191,8 @@ class ObjectiveArgs:
     fiberpo_rollback_slope: float = field(
         default=1.0, metadata={"help": "FiberPO: slope -k of the trajectory gate beyond its budget (1 = reflection)."}
     )
+    # dgrpo
+    opd_teacher_model: str | None = field(
+        default=None, metadata={"help": "dGRPO: teacher model id or path (same tokenizer as the student)."}
+    )
+    opd_coef: float = field(default=1.0, metadata={"help": "dGRPO: weight of the distillation (reverse KL) term."})
