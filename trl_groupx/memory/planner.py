@@ -29,6 +29,9 @@ width, `V` vocab, `r` LoRA rank, `B` per_device_train_batch_size, `T_p`/`T_c` pr
 * transformers generate (no vLLM): KV cache of the generation batch + one layer of prefill activations; with
   `generation_micro_group_size=k` (trl_groupx micro sampling groups) of at most k sequences.
 * fragmentation: the transient terms times `fragmentation` (1.1); CUDA context `cuda_context_gib` (0.5 GiB).
+* dGRPO teacher (`teacher`, trl_groupx `opd_teacher_model`): its weights in the policy's dtype (bf16 under a 4-bit
+  or FP8 policy), resident; its no-grad log-prob pass (TRL's path: one layer + the head, as above, with the
+  teacher's sizes) is transient, taken as the larger of it and the training step's activations + head.
 """
 
 from __future__ import annotations
@@ -108,6 +111,7 @@ class PlanInputs:
     vllm_nontorch_gib: float = 0.1
     vllm_sleep_residual_gib: float = 0.2
     kv_cache_dtype_bytes: int = 2
+    teacher: Architecture | None = None  # dGRPO's frozen teacher (trl_groupx `opd_teacher_model`)
 
 
 @dataclass
@@ -164,6 +168,8 @@ class MemoryPlan:
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     suggestions: list[Suggestion] = field(default_factory=list)
+    teacher_model: int = 0  # dGRPO teacher weights
+    teacher_logprobs: int = 0  # its no-grad log-prob pass (transient)
 
     @property
     def fits(self) -> bool:
@@ -188,6 +194,8 @@ class MemoryPlan:
         ]
         if self.reference_model:
             rows.append(("reference model", self.reference_model))
+        if self.teacher_model:
+            rows.append(("teacher model (dGRPO, frozen)", self.teacher_model))
         rows += [
             ("activations (one micro-batch" + (", shared prefix)" if self.inputs.prefix_grouper else ")"),
              self.activations),
@@ -196,6 +204,8 @@ class MemoryPlan:
         ]
         if self.nograd_logprobs:
             rows.append(("no-grad log-prob pass (max with act.+head)", self.nograd_logprobs))
+        if self.teacher_logprobs:
+            rows.append(("teacher log-prob pass (max with act.+head)", self.teacher_logprobs))
         if self.quant_transient:
             rows.append(("4-bit dequantisation buffer", self.quant_transient))
         rows.append(("allocator fragmentation", self.fragmentation))
@@ -375,6 +385,18 @@ def nograd_logprob_bytes(i: PlanInputs) -> int:
     """Transient of a no-grad log-prob pass (old / reference log-probs): one layer's intermediates + the head."""
     if not _needs_nograd_pass(i):
         return 0
+    return _nograd_pass_bytes(i)
+
+
+def teacher_logprob_bytes(i: PlanInputs) -> int:
+    """Transient of dGRPO's no-grad teacher pass: TRL's own log-prob path (never trl_groupx's chunked or
+    shared-prefix forward) with the teacher's sizes; 0 without a teacher."""
+    if i.teacher is None:
+        return 0
+    return _nograd_pass_bytes(dataclasses.replace(i, arch=i.teacher, prefix_grouper=False, logps_chunk_size=None))
+
+
+def _nograd_pass_bytes(i: PlanInputs) -> int:
     a = i.arch
     b, tc, v, h = i.per_device_train_batch_size, i.completion_length, a.vocab_size, a.hidden_size
     n, e, t = b * tc, _act_bytes(i), i.prompt_length + i.completion_length
@@ -432,8 +454,12 @@ def _compute(i: PlanInputs) -> MemoryPlan:
     act = activation_bytes(i)
     head = logprob_head_bytes(i)
     nograd = nograd_logprob_bytes(i)
+    # dGRPO's teacher is loaded in the policy's dtype: bf16 under a 4-bit or FP8 policy (their float dtype)
+    teacher_fmt = i.weight_dtype if i.weight_dtype not in ("nf4", "fp8") else "bfloat16"
+    teacher_w = 0 if i.teacher is None else weight_bytes(i.teacher, teacher_fmt)
+    teacher_pass = teacher_logprob_bytes(i)
     quant = 2 * a.hidden_size * a.intermediate_size if i.load_in_4bit else 0
-    transient = max(act + head, nograd) + quant
+    transient = max(act + head, nograd, teacher_pass) + quant
     frag = round(transient * (i.fragmentation - 1))
     ctx = round(i.cuda_context_gib * GiB)
     kv_bpt = 2 * a.num_layers * a.kv_dim * i.kv_cache_dtype_bytes
@@ -494,7 +520,7 @@ def _compute(i: PlanInputs) -> MemoryPlan:
         prefill = n_seq * i.prompt_length * (a.hidden_size + a.q_dim + 2 * a.kv_dim + 2 * a.intermediate_size) * e
         hf_gen = round((kv_hf + prefill) * i.fragmentation)
 
-    base = w + s + ref + ctx
+    base = w + s + ref + teacher_w + ctx
     train_peak = base + resident + transient + frag
     if colocate:
         generation_peak = base + vllm_budget
@@ -526,7 +552,7 @@ def _compute(i: PlanInputs) -> MemoryPlan:
         vllm_kv_cache=max(vllm_kv, 0), vllm_resident_training=resident, hf_generation=hf_gen, train_peak=train_peak,
         generation_peak=generation_peak, peak=peak, phase=phase, kv_bytes_per_token=kv_bpt, kv_tokens=kv_tokens,
         max_model_len=max_model_len, concurrent_sequences=concurrent, generation_batch=gen_batch, verdict=verdict,
-        problems=problems, warnings=warnings, notes=notes,
+        problems=problems, warnings=warnings, notes=notes, teacher_model=teacher_w, teacher_logprobs=teacher_pass,
     )
 
 
@@ -618,6 +644,7 @@ def plan_memory(
     vllm_enforce_eager: bool = False,
     gpu_memory_gib: float = 40.0,
     suggest: bool = True,
+    teacher_model=None,
     **constants: Any,
 ) -> MemoryPlan:
     """Plan the peak GPU memory of one single-GPU GRPO run.
@@ -647,6 +674,7 @@ def plan_memory(
             vllm_importance_sampling_correction: as in `GRPOConfig`. vllm_enforce_eager: no CUDA graphs.
         gpu_memory_gib: the card's size (40 for an A100-40GB); torch sees `usable_fraction` (0.989) of it.
         suggest: compute the settings that would make it fit (each by re-running the planner).
+        teacher_model: dGRPO's teacher (`opd_teacher_model`), resolved like `model`; `None` without one.
         **constants: calibration constants of `PlanInputs` (logits_copies, fragmentation, cuda_context_gib,
             vllm_profile_gib, vllm_cuda_graph_gib, vllm_nontorch_gib, vllm_sleep_residual_gib,
             kv_cache_dtype_bytes, usable_fraction, margin).
@@ -677,7 +705,8 @@ def plan_memory(
         vllm_gpu_memory_utilization=vllm_gpu_memory_utilization, vllm_enable_sleep_mode=vllm_enable_sleep_mode,
         vllm_max_model_length=vllm_max_model_length,
         vllm_importance_sampling_correction=vllm_importance_sampling_correction,
-        vllm_enforce_eager=vllm_enforce_eager, gpu_memory_gib=gpu_memory_gib, **constants,
+        vllm_enforce_eager=vllm_enforce_eager, gpu_memory_gib=gpu_memory_gib,
+        teacher=None if teacher_model is None else resolve_architecture(teacher_model), **constants,
     )
     return plan_inputs(inputs, suggest=suggest)
 
@@ -750,6 +779,8 @@ def plan_from_config(grpo_config, model_args=None, *, model=None, prompt_length:
         vllm_importance_sampling_correction=bool(c.vllm_importance_sampling_correction),
         gpu_memory_gib=gpu_memory_gib,
         suggest=suggest,
+        # dGRPO: the teacher is loaded only when its coefficient is non-zero (trl_groupx/objective/dgrpo.py)
+        teacher_model=getattr(c, "opd_teacher_model", None) if getattr(c, "opd_coef", 0) else None,
         **constants,
     )
     plan.notes[:0] = notes
