@@ -37,7 +37,7 @@ def _validate(config) -> None:
 @register(
     "dgrpo",
     name="dGRPO (Distilled GRPO)",
-    paper="Distilled Group Relative Policy Optimization (dGRPO) and LongBlocks for long-context reasoning, "
+    paper="Combining On-Policy Optimization and Distillation for Long-Context Reasoning in Large Language Models, "
           "arXiv:2605.12227",
     official_code=None,
     stage="objective",
@@ -75,8 +75,10 @@ def dgrpo_surrogate(
     never read. Logged: `groupx/teacher_reverse_kl`, the mean of `k1` over the loss tokens of all processes (the
     distillation term's value on-policy, before `λ`).
 
-    Source: the paper (arXiv:2605.12227) gives "GRPO + λ · OPD (reverse KL) in one objective" in its abstract; no
-    official code is public. Peers read: TRL's on-policy distillation, trl==1.16.0
+    Source: the paper (Moura Ramos, Alves, Martins, arXiv:2605.12227) "augments GRPO with dense guidance from a
+    stronger teacher via OPD", "combining outcome-based policy optimization with knowledge distillation in a single
+    objective" (abstract; the full text, its λ and its estimator were not available to us); no official code is
+    public. Peers read: TRL's on-policy distillation, trl==1.16.0
     `trl/trainer/distillation_trainer.py` (`DistillationTrainer._compute_loss` and `_chunked_divergence_loss`:
     full-vocabulary generalized JSD, `beta=1` reverse KL, both logits divided by the same temperature; l.685-700
     refuse a teacher whose `vocab_size` differs); verl's on-policy distillation,
