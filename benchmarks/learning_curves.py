@@ -196,9 +196,11 @@ def plot(results: dict, names: list[str], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
+    steps = max(len(results[name]["runs"][0]["rewards"]) for name in names)
     for name in names:
         curves = list(zip(*(run["rewards"] for run in results[name]["runs"])))
-        x = range(1, len(curves) + 1)
+        # rewards are logged once per generation batch: steps_per_generation > 1 logs fewer points over the same steps
+        x = [(i + 1) * steps / len(curves) for i in range(len(curves))]
         ax.plot(x, [statistics.mean(c) for c in curves], label=name, lw=1.2)
         ax.fill_between(x, [min(c) for c in curves], [max(c) for c in curves], alpha=0.15)
     ax.set(xlabel="step", ylabel="mean reward per step", ylim=(0, 1), title=title)
