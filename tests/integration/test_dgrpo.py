@@ -168,3 +168,18 @@ def test_teacher_logps_follow_their_rows_through_shuffle_and_split(tmp_path, tea
         mask = inputs["completion_mask"]
         assert mask.sum() > 0
         torch.testing.assert_close(inputs["groupx_teacher_logps"] * mask, expected * mask, atol=1e-5, rtol=1e-5)
+
+
+def test_evaluation_batches_get_the_term_too(tmp_path, teachers):
+    # evaluation generates its own batch (no buffering): the teacher scores it and the reverse KL is logged under eval
+    trainer = ours(tmp_path, loss_type="dgrpo", opd_teacher_model=teachers["other"])
+    trainer.model.eval()
+    torch.manual_seed(0)
+    batch = next(iter(trainer.get_train_dataloader()))
+    inputs = trainer._prepare_inputs(batch)
+    assert inputs["groupx_teacher_logps"].shape == inputs["completion_ids"].shape
+    with torch.no_grad():
+        loss = trainer.compute_loss(trainer.model, inputs)
+    assert torch.isfinite(loss)
+    assert len(trainer._metrics["eval"]["groupx/teacher_reverse_kl"]) == 1
+    assert not trainer._metrics["train"]["groupx/teacher_reverse_kl"]
