@@ -123,6 +123,11 @@ class TokenContext:
             distributions of the group disagree at position `t`, padding entering as the uniform distribution), the
             same on every row of the group at the positions before its longest completion, 0 after; detached; only
             for variants that require `"intra_group_token_divergence"`.
+        tempered_logps (`torch.Tensor` or `None`): `(N, T, M)` float32, log-probability of each sampled token under
+            the rollout policy with the raw logits divided by each of the `M` temperatures of the variant's
+            `*_temperatures` field, in that order (`trl_groupx.token_weights.tempered_logps`), detached, 0 on
+            padding; `logps` and `entropies` then come from the same forward. Only for variants that require
+            `"tempered_logps"`.
     """
 
     completion_mask: torch.Tensor
@@ -137,6 +142,7 @@ class TokenContext:
     token_blocks: torch.Tensor | None = None
     contrast_logps: torch.Tensor | None = None
     intra_group_token_divergence: torch.Tensor | None = None
+    tempered_logps: torch.Tensor | None = None
 
 
 @dataclass
@@ -151,6 +157,10 @@ class ObjectiveContext:
         entropies (`torch.Tensor` or `None`): `(B, T)` current-policy entropies (detached).
         group_ids (`torch.Tensor` or `None`): `(B,)` long, the prompt group of each row (rows arrive shuffled);
             filled for objectives that declare `requires=("group_structure",)`.
+        teacher_logps (`torch.Tensor` or `None`): `(B, T)` float32, log-probability of each sampled token under a
+            frozen teacher model (logits divided by the sampling temperature), no grad, computed once per generation
+            batch (`trl_groupx.objective.dgrpo.teacher_token_logps`); filled for objectives that declare
+            `requires=("teacher_logps",)` (dGRPO's `opd_teacher_model`), `None` when their `opd_coef` is 0.
     """
 
     logps: torch.Tensor
@@ -159,6 +169,7 @@ class ObjectiveContext:
     mask: torch.Tensor
     entropies: torch.Tensor | None = None
     group_ids: torch.Tensor | None = None
+    teacher_logps: torch.Tensor | None = None
 
 
 # Keyword-only arguments the trainer supplies itself (see `requires` in registry.py), not read from the config.

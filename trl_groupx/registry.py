@@ -41,11 +41,15 @@ SELECTORS: dict[Stage, str] = {
 # `prompt_kl` (advantage variants): each row's prompt's policy drift since its last visit (`advantages/prompt_kl.py`).
 # `intra_group_token_divergence` (token variants) fills `TokenContext.intra_group_token_divergence`: TW-GRPO's
 # per-position disagreement of each group's full next-token distributions (no-grad forward, one group at a time).
+# `tempered_logps` (token variants) fills `TokenContext.tempered_logps`: the sampled tokens' rollout log-probs at the
+# temperatures of the variant's `*_temperatures` field (and `logps`/`entropies` from the same forward; DCPO).
+# `teacher_logps` (objectives) fills `ObjectiveContext.teacher_logps`: the sampled tokens' log-probs under the frozen
+# teacher the trainer loads from `opd_teacher_model` (dgrpo).
 KNOWN_REQUIREMENTS = frozenset(
     {"entropies", "old_logps", "ref_logps", "rewards_per_func", "group_structure", "completion_lengths", "global_step",
      "step_structure", "sum_pi_squared", "prompt_keys", "greedy_baseline_rewards", "reference_sample_rewards",
      "token_blocks", "contrast_logps", "prompt_kl",
-     "intra_group_token_divergence"}
+     "intra_group_token_divergence", "tempered_logps", "teacher_logps"}
 )
 
 _ID_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")

@@ -79,6 +79,11 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
         # Rollout-level inputs of the objective, computed on the global batch where the rows still sit in groups.
         objective = self.variants.get("objective")
         self._objective_group_ids = bool(objective and "group_structure" in objective.requires)
+        self._teacher = None  # dGRPO: frozen teacher of the distillation term (objective/dgrpo.py)
+        if objective is not None and "teacher_logps" in objective.requires:
+            from .objective.dgrpo import load_teacher
+
+            self._teacher = load_teacher(self)
         self._balanced_scope: str | None = None
         if objective is not None and resolved_aggregation(self.args) == "balanced":
             self._balanced_scope = self.args.balanced_agg_scope
@@ -108,6 +113,10 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
     # ---- sampling, advantages, token weights ----------------------------------------------------------------------
 
     def _generate_and_score_completions(self, inputs):
+        if getattr(self.variants.get("sampling"), "id", None) == "igrpo" and self.model.training:  # iGRPO stage 1
+            from .sampling.best_draft import condition_on_best_draft
+
+            inputs = condition_on_best_draft(self, inputs)  # prompts now end with each group's best draft
         output = super()._generate_and_score_completions(inputs)
         if "dapo_dynamic_sampling" in self.variant_state and self.model.training:  # DAPO: refill with new prompts
             from .sampling.dapo_dynamic_sampling import refill_generation_batch
@@ -126,6 +135,10 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             output = self.apply_rollout_stages(output)
         if self._objective_group_ids or self._balanced_scope:
             self._add_objective_rollout_inputs(output)
+        if self._teacher is not None:  # the teacher's log-probs of the sampled tokens, shuffled and split with the rows
+            from .objective.dgrpo import teacher_token_logps
+
+            output["groupx_teacher_logps"] = teacher_token_logps(self, self._teacher, output, _FORWARD_KEYS)
         return output
 
     def _add_objective_rollout_inputs(self, output: dict[str, Any]) -> None:
@@ -308,9 +321,12 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
         """Global `(N, T_max)` per-token inputs for the token-weight stage (padded across processes)."""
         requires = self.variants["token_weights"].requires
         logps = entropies = sum_pi_squared = None
+        tempered = None
         if "sum_pi_squared" in requires:  # needs the full logits: one forward gives all three
             logps, entropies, sum_pi_squared = self._rollout_logps(
                 output, self.model, compute_entropy=True, compute_sum_pi_squared=True)
+        elif "tempered_logps" in requires:  # full logits too: log-probs at TRL's and the variant's temperatures
+            logps, entropies, tempered = self._tempered_logps(output)
         elif "entropies" in requires or "old_logps" in requires:
             logps, entropies = self._rollout_logps(output, self.model, compute_entropy=True)
         ref = output.get("ref_per_token_logps")
@@ -346,6 +362,7 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             token_blocks=token_blocks,
             contrast_logps=self._gather_padded(contrast),
             intra_group_token_divergence=divergence,
+            tempered_logps=self._gather_padded(tempered),
         )
 
     def _contrast_logps(self, output: dict[str, Any]) -> torch.Tensor:
@@ -354,6 +371,21 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
         from .token_weights.gcpo_guidance import negative_prompt_logps
 
         return negative_prompt_logps(self, output, [row["prompt"] for row in self._rollout_inputs])
+
+    def _tempered_logps(self, output: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """This process's no-grad `(logps, entropies)` at TRL's temperature and `(B, T, M)` log-probs at the
+        temperatures of the token variant's `*_temperatures` field, from one forward
+        (`token_weights/tempered_logps.py`)."""
+        from .token_weights.tempered_logps import logp_temperatures_field, per_token_logps_at_temperatures
+
+        temperatures = getattr(self.args, logp_temperatures_field(self.variants["token_weights"].params))
+        return per_token_logps_at_temperatures(
+            self.model, torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1),
+            torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1), output["completion_ids"].size(1),
+            temperature=self.temperature, temperatures=list(temperatures),
+            batch_size=self.args.per_device_train_batch_size, autocast=self.accelerator.autocast,
+            **{k: output[k] for k in _FORWARD_KEYS if k in output},
+        )
 
     def _intra_group_token_divergence(self, output: dict[str, Any], group_size: int) -> torch.Tensor:
         """Global `(N, T_max)` requirement `intra_group_token_divergence` (`token_weights/tw_grpo.py`). Groups may
@@ -525,9 +557,15 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
         advantages = inputs["advantages"]
         advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
 
-        ctx = ObjectiveContext(logps, old_logps, advantages, mask, entropies.detach(), inputs.get("groupx_group_ids"))
+        ctx = ObjectiveContext(logps, old_logps, advantages, mask, entropies.detach(), inputs.get("groupx_group_ids"),
+                               teacher_logps=inputs.get("groupx_teacher_logps"))
         per_token_loss = self._call(objective, ctx)
         mode = "train" if self.model.training else "eval"
+        if ctx.teacher_logps is not None:  # dGRPO: per-token sampled reverse KL to the teacher (objective/dgrpo.py)
+            from .objective.dgrpo import sampled_reverse_kl
+
+            self._metrics[mode]["groupx/teacher_reverse_kl"].append(
+                self._global_masked_mean(sampled_reverse_kl(logps.detach(), ctx.teacher_logps, mask), mask))
         if logps.requires_grad:  # diagnostic: tokens the surrogate passes no gradient to (clipped, capped, masked)
             self._metrics[mode]["groupx/zero_gradient_token_fraction"].append(
                 self._zero_gradient_fraction(per_token_loss, logps, advantages, mask)

@@ -91,6 +91,11 @@ def test_dispatched_variant_contract(variant):
         if "intra_group_token_divergence" in variant.requires:  # one D_t per group on all its rows, 0 past its end
             group_d = torch.rand(n // g, t).repeat_interleave(g, dim=0)
             ctx.intra_group_token_divergence = group_d * mask.view(n // g, g, t).any(1).repeat_interleave(g, dim=0)
+        if "tempered_logps" in variant.requires:  # log-probs at the variant's temperatures, 0 on padding
+            from trl_groupx.token_weights.tempered_logps import logp_temperatures_field
+
+            m = len(getattr(config, logp_temperatures_field(variant.params)))
+            ctx.tempered_logps = (logps[..., None] - 0.5 * torch.rand(n, t, m)) * mask[..., None]
         out = variant.fn(torch.zeros(n), ctx, **kwargs)
         assert out.shape == (n, t) and torch.isfinite(out).all() and (out[mask == 0] == 0).all()
     elif variant.stage == "objective":
@@ -98,6 +103,8 @@ def test_dispatched_variant_contract(variant):
         group_ids = torch.arange(n) // g if "group_structure" in variant.requires else None  # as the trainer fills
         ctx = ObjectiveContext(logps, logps.detach() - 0.1 * torch.randn(n, t), torch.randn(n, 1), mask,
                                entropies=torch.rand(n, t) * 2, group_ids=group_ids)  # the trainer always passes them
+        if "teacher_logps" in variant.requires:  # the teacher's log-probs of the sampled tokens, as the trainer fills
+            ctx.teacher_logps = logps.detach() - torch.rand(n, t)
         out = variant.fn(ctx, **kwargs)
         assert out.shape[0] == n and out.shape[1] in (1, t) and torch.isfinite(out).all()
         (out * mask).sum().backward()

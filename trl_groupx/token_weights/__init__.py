@@ -8,6 +8,7 @@ losses accept `(B, T)` advantages. Padding never enters a statistic.
 
 from .blockwise_adv import blockwise_adv_token_advantages
 from .d3s_token import d3s_token_advantages
+from .dcpo import dcpo_token_advantages
 from .edge_grpo import edge_grpo_token_advantages
 from .gcpo_guidance import gcpo_guidance_token_advantages
 from .gtpo import gtpo_token_advantages
@@ -44,4 +45,5 @@ __all__ = [
     "s_grpo_tspmo_token_advantages",
     "gcpo_guidance_token_advantages",
     "tw_grpo_token_advantages",
+    "dcpo_token_advantages",
 ]
