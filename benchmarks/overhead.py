@@ -118,6 +118,7 @@ EXTRA_WORK = {
     "prompt_kl": "one no-grad forward over each prompt's stored response",
     "teacher_logps": "one no-grad teacher forward per generation batch",
     "step_structure": "timed on the counter game (multi-turn rollouts)",
+    "tempered_logps": "one no-grad full-logits forward (log-probs at the tempered temperatures)",
 }
 
 
@@ -134,7 +135,10 @@ def what_it_adds(name: str) -> str:
         extra = ["a prompt choice before generation"]
     elif "gcpo_ref_column" in variant.params:
         extra = ["a reference completion re-scored for all-fail groups"]
-    if {"entropies", "old_logps"} & set(variant.requires) and variant.stage == "token_weights":
+    elif "igrpo_num_drafts" in variant.params:
+        extra = ["a first generation round (k drafts per prompt, default k = G), scored, before the trained one"]
+    one_forward = {"entropies", "old_logps"} & set(variant.requires) and "tempered_logps" not in variant.requires
+    if one_forward and variant.stage == "token_weights":
         extra.append("one no-grad forward for rollout log-probs/entropies")
     extra += [what for need, what in EXTRA_WORK.items() if need in variant.requires]
     return "; ".join(extra)

@@ -33,6 +33,7 @@ CASES: dict[str, dict[str, Any]] = {
     "sign_adv": {"advantage_estimator": "sign_adv", **SGD},  # advantages
     "ebpo": {"advantage_estimator": "ebpo"},  # advantages, stateful
     "gtpo_entropy": {"token_weighting": "gtpo_entropy", **SGD},  # token weights (needs entropies of the gathered batch)
+    "dcpo": {"token_weighting": "dcpo", **SGD},  # token weights, stateful (the batch's mean NLL, global)
     "gmpo": {"loss_type": "gmpo", "gmpo_clip": 0.4, "loss_aggregation": "sequence_mean", **SGD},  # objective
 }
 CHECKPOINT_CASE = "ebpo"  # the stateful one: saved at step 1, resumed under the other launcher

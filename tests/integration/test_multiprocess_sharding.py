@@ -77,10 +77,12 @@ def test_two_processes_train_like_one(runs, case):
         assert len(b) == 2
         assert abs(sum(b) / 2 - a) <= 1e-5 + 1e-4 * abs(a), f"{case}: loss differs at step {step}: {a} vs {b}"
     assert single["state"].keys() == multi["state"].keys()
+    state_atol = 1e-5 if token_level else 1e-9  # token-level state (dcpo's mean NLL) carries the forward's float noise
     for vid in single["state"]:
         for key, value in single["state"][vid].items():
             other = multi["state"][vid][key]
-            assert torch.allclose(torch.as_tensor(other), torch.as_tensor(value), atol=1e-9), (case, key, value, other)
+            assert torch.allclose(torch.as_tensor(other), torch.as_tensor(value), atol=state_atol), (case, key, value,
+                                                                                                     other)
     # SGD: the update is the gradient, equal to float noise (measured: < 1e-3 of the largest update of a tensor; a
     # wrong normalisation or a local statistic is off by O(1)). AdamW's first steps (ebpo) are ≈ lr·sign(g) and
     # amplify the noise of near-zero gradients (measured ~1e-2); token-level weights carry the entropies' noise.
