@@ -161,6 +161,10 @@ class ObjectiveContext:
             frozen teacher model (logits divided by the sampling temperature), no grad, computed once per generation
             batch (`trl_groupx.objective.dgrpo.teacher_token_logps`); filled for objectives that declare
             `requires=("teacher_logps",)` (dGRPO's `opd_teacher_model`), `None` when their `opd_coef` is 0.
+        anchor_weights (`torch.Tensor` or `None`): `(B,)` float32, per-rollout weight of an NLL anchor on correct
+            rollouts (`trl_groupx.objective.lightningrl.nll_anchor_weights`, computed on the global generation
+            batch; 0 on rollouts that were not correct); filled for objectives that declare
+            `requires=("nll_anchor_weights",)`.
     """
 
     logps: torch.Tensor
@@ -170,6 +174,7 @@ class ObjectiveContext:
     entropies: torch.Tensor | None = None
     group_ids: torch.Tensor | None = None
     teacher_logps: torch.Tensor | None = None
+    anchor_weights: torch.Tensor | None = None
 
 
 # Keyword-only arguments the trainer supplies itself (see `requires` in registry.py), not read from the config.

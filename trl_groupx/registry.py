@@ -45,11 +45,14 @@ SELECTORS: dict[Stage, str] = {
 # temperatures of the variant's `*_temperatures` field (and `logps`/`entropies` from the same forward; DCPO).
 # `teacher_logps` (objectives) fills `ObjectiveContext.teacher_logps`: the sampled tokens' log-probs under the frozen
 # teacher the trainer loads from `opd_teacher_model` (dgrpo).
+# `nll_anchor_weights` (objectives) fills `ObjectiveContext.anchor_weights`: per-rollout weights of an NLL term on
+# the correct rollouts, from the global generation batch (lightningrl).
 KNOWN_REQUIREMENTS = frozenset(
     {"entropies", "old_logps", "ref_logps", "rewards_per_func", "group_structure", "completion_lengths", "global_step",
      "step_structure", "sum_pi_squared", "prompt_keys", "greedy_baseline_rewards", "reference_sample_rewards",
      "token_blocks", "contrast_logps", "prompt_kl",
-     "intra_group_token_divergence", "tempered_logps", "teacher_logps"}
+     "intra_group_token_divergence", "tempered_logps", "teacher_logps",
+     "nll_anchor_weights"}
 )
 
 _ID_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")

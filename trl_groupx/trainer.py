@@ -79,6 +79,7 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
         # Rollout-level inputs of the objective, computed on the global batch where the rows still sit in groups.
         objective = self.variants.get("objective")
         self._objective_group_ids = bool(objective and "group_structure" in objective.requires)
+        self._nll_anchor = bool(objective and "nll_anchor_weights" in objective.requires)  # lightningrl
         self._teacher = None  # dGRPO: frozen teacher of the distillation term (objective/dgrpo.py)
         if objective is not None and "teacher_logps" in objective.requires:
             from .objective.dgrpo import load_teacher
@@ -133,7 +134,7 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
                 group_size = self.num_generations if self.model.training else self.num_generations_eval
                 self._baseline_rewards = baseline_rewards(self, inputs, self._baseline_requirement, group_size)
             output = self.apply_rollout_stages(output)
-        if self._objective_group_ids or self._balanced_scope:
+        if self._objective_group_ids or self._balanced_scope or self._nll_anchor:
             self._add_objective_rollout_inputs(output)
         if self._teacher is not None:  # the teacher's log-probs of the sampled tokens, shuffled and split with the rows
             from .objective.dgrpo import teacher_token_logps
@@ -162,6 +163,19 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
                 self._balanced_scope,
             )
             output["groupx_sequence_scale"] = scale[start : start + local_n]
+        if self._nll_anchor:  # LightningRL: NLL weights of the correct rollouts, from global counts
+            from .objective.lightningrl import nll_anchor_weights
+
+            mask = output["completion_mask"]
+            mask = mask if "tool_mask" not in output else mask * output["tool_mask"]
+            rewards = (self._rewards_per_func * self.reward_weights.to(self._rewards_per_func.device)).nansum(dim=1)
+            rewards[torch.isnan(self._rewards_per_func).all(dim=1)] = torch.nan
+            weights = nll_anchor_weights(
+                rewards, self.accelerator.gather(mask.sum(-1)), threshold=self.args.lightningrl_nll_threshold,
+                reduction=self.args.lightningrl_nll_reduction, aggregation=resolved_aggregation(self.args),
+                max_completion_length=self.max_completion_length,
+            )
+            output["groupx_anchor_weights"] = weights[start : start + local_n].to(mask.device)
 
     def _collect_steps(self, inputs: list[dict[str, Any]]) -> StepBatch:
         """Global `StepBatch` of the generation batch (episode ids are global row indices, in process order).
@@ -558,7 +572,8 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
         advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
 
         ctx = ObjectiveContext(logps, old_logps, advantages, mask, entropies.detach(), inputs.get("groupx_group_ids"),
-                               teacher_logps=inputs.get("groupx_teacher_logps"))
+                               teacher_logps=inputs.get("groupx_teacher_logps"),
+                               anchor_weights=inputs.get("groupx_anchor_weights"))
         per_token_loss = self._call(objective, ctx)
         mode = "train" if self.model.training else "eval"
         if ctx.teacher_logps is not None:  # dGRPO: per-token sampled reverse KL to the teacher (objective/dgrpo.py)

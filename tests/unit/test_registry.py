@@ -105,6 +105,8 @@ def test_dispatched_variant_contract(variant):
                                entropies=torch.rand(n, t) * 2, group_ids=group_ids)  # the trainer always passes them
         if "teacher_logps" in variant.requires:  # the teacher's log-probs of the sampled tokens, as the trainer fills
             ctx.teacher_logps = logps.detach() - torch.rand(n, t)
+        if "nll_anchor_weights" in variant.requires:  # per-rollout NLL weights, 0 on rollouts that were not correct
+            ctx.anchor_weights = torch.rand(n) * (torch.rand(n) > 0.5)
         out = variant.fn(ctx, **kwargs)
         assert out.shape[0] == n and out.shape[1] in (1, t) and torch.isfinite(out).all()
         (out * mask).sum().backward()

@@ -18,6 +18,7 @@ from .gvpo import gvpo_surrogate
 from .hapo_clip import hapo_clip_bounds, hapo_clip_surrogate
 from .holderpo import holderpo_p, holderpo_surrogate
 from .kl import KL_ESTIMATORS, per_token_kl
+from .lightningrl import lightningrl_surrogate, nll_anchor_weights
 from .offpolicy_grpo import offpolicy_grpo_surrogate
 from .reinforce import reinforce_surrogate
 from .surrogates import TRL_REFERENCE_SURROGATE, cispo_surrogate, clipped_surrogate, log_ratio, sapo_surrogate
@@ -36,6 +37,8 @@ __all__ = [
     "clipped_surrogate",
     "ctpo_surrogate",
     "dgrpo_surrogate",
+    "lightningrl_surrogate",
+    "nll_anchor_weights",
     "dhpo_surrogate",
     "dppo_kl_surrogate",
     "dppo_tv_surrogate",

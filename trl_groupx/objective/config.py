@@ -119,6 +119,14 @@ class ObjectiveArgs:
     opd_coef (`float`, defaults to `1.0`): dGRPO: weight λ ≥ 0 of the on-policy distillation term (per-token
         sampled reverse KL to the teacher) added to GRPO's loss; 0 = plain GRPO. Choice (the paper's λ is not given to
         us; verl's default distillation coefficient).
+
+    > lightningrl
+    lightningrl_nll_coef (`float`, defaults to `0.1`): LightningRL: weight `w ≥ 0` of the token NLL of the correct
+        rollouts added to the clipped policy loss (official `nll_loss_weight`).
+    lightningrl_nll_threshold (`float`, defaults to `1.0`): LightningRL: a rollout is correct when its total reward
+        (weighted sum of the reward functions) is at least this. Choice: 1.0 = solved under 0/1 accuracy rewards.
+    lightningrl_nll_reduction (`str`, defaults to `"token"`): LightningRL: `"token"` = mean over all correct tokens
+        (official default), `"sequence"` = mean over correct rollouts of their token mean.
     """
 
     loss_aggregation: str | None = field(
@@ -196,3 +204,13 @@ class ObjectiveArgs:
         default=None, metadata={"help": "dGRPO: teacher model id or path (same tokenizer as the student)."}
     )
     opd_coef: float = field(default=1.0, metadata={"help": "dGRPO: weight of the distillation (reverse KL) term."})
+    # lightningrl
+    lightningrl_nll_coef: float = field(
+        default=0.1, metadata={"help": "LightningRL: weight of the NLL on correct rollouts (0 = policy loss only)."}
+    )
+    lightningrl_nll_threshold: float = field(
+        default=1.0, metadata={"help": "LightningRL: a rollout whose total reward is >= this counts as correct."}
+    )
+    lightningrl_nll_reduction: str = field(
+        default="token", metadata={"help": "LightningRL: 'token' (mean over correct tokens) or 'sequence'."}
+    )
