@@ -47,6 +47,9 @@ class StepBatch:
         final_state (`torch.Tensor` or `None`): optional `(E,)` long, per episode (row), the key of the observation
             after its last step (`NO_FINAL_STATE` where the rollout did not give one); `None` when no rollout
             gave any. Only used by `graphgpo` (the next state of an episode's last transition).
+        module (`torch.Tensor` or `None`): optional `(S,)` long, the key (`state_key` of the name) of the program
+            module (or agent) whose LM call the step is; `None` when the rollouts gave no module labels. Used by
+            `mmgrpo` (a step is one LM call of a multi-module program) and `ccpo` (the agent of each turn).
     """
 
     episode: torch.Tensor
@@ -54,6 +57,7 @@ class StepBatch:
     state: torch.Tensor
     reward: torch.Tensor
     final_state: torch.Tensor | None = None
+    module: torch.Tensor | None = None
 
     @classmethod
     def from_lists(
@@ -61,10 +65,12 @@ class StepBatch:
         states: Sequence[Sequence[Any]],
         rewards: Sequence[Sequence[float]] | None = None,
         final_states: Sequence[Any] | None = None,
+        modules: Sequence[Sequence[Any]] | None = None,
     ) -> StepBatch:
         """Build from per-episode lists: `states[e][t]` is the observation (any hashable/serialisable value, hashed
         with `state_key`) and `rewards[e][t]` the reward of step `t` of episode `e` (zeros when omitted);
-        `final_states[e]` (optional) the observation after the episode's last step, `None` where unknown."""
+        `final_states[e]` (optional) the observation after the episode's last step, `None` where unknown;
+        `modules[e][t]` (optional) the name of the program module step `t` of episode `e` called."""
         episode, index, state, reward = [], [], [], []
         for e, ep_states in enumerate(states):
             ep_rewards = rewards[e] if rewards is not None else [0.0] * len(ep_states)
@@ -81,12 +87,18 @@ class StepBatch:
                 raise ValueError(f"{len(states)} episodes but {len(final_states)} final states.")
             final = torch.tensor([NO_FINAL_STATE if f is None else state_key(f) for f in final_states],
                                  dtype=torch.long)
+        module = None
+        if modules is not None:
+            if [len(m) for m in modules] != [len(s) for s in states]:
+                raise ValueError("modules must give one module name per step of every episode.")
+            module = torch.tensor([state_key(m) for ep in modules for m in ep], dtype=torch.long)
         return cls(
             episode=torch.tensor(episode, dtype=torch.long),
             index=torch.tensor(index, dtype=torch.long),
             state=torch.tensor(state, dtype=torch.long),
             reward=torch.tensor(reward, dtype=torch.float32),
             final_state=final,
+            module=module,
         )
 
     @property
@@ -132,6 +144,8 @@ def check_steps(episode_rewards: torch.Tensor, group_size: int, steps: StepBatch
             raise ValueError(f"{flag}: StepBatch.{name} must be ({s},), got {tuple(getattr(steps, name).shape)}.")
     if steps.final_state is not None and steps.final_state.shape != (n,):
         raise ValueError(f"{flag}: StepBatch.final_state must be ({n},), got {tuple(steps.final_state.shape)}.")
+    if steps.module is not None and steps.module.shape != (s,):
+        raise ValueError(f"{flag}: StepBatch.module must be ({s},), got {tuple(steps.module.shape)}.")
     if s and (steps.episode.min() < 0 or steps.episode.max() >= n):
         raise ValueError(f"{flag}: StepBatch.episode must lie in [0, {n}).")
     if s and steps.index.min() < 0:
