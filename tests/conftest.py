@@ -47,15 +47,15 @@ def base_config_kwargs(tmp_path, **overrides) -> dict:
 
 
 def build_trainer(trainer_cls, config_cls, tmp_path, *, peft=False, reward_funcs=None, dataset=None, rollout_func=None,
-                  **overrides):
+                  model=None, processing_class=None, **overrides):
     from peft import LoraConfig
 
     args = config_cls(**base_config_kwargs(tmp_path, **overrides))
     return trainer_cls(
-        model=tiny_model_path(),
+        model=model if model is not None else tiny_model_path(),  # another model: e.g. the tiny one with added tokens
         reward_funcs=reward_funcs if reward_funcs is not None else parity_reward,
         train_dataset=dataset if dataset is not None else arithmetic_dataset(64, seed=0),
-        processing_class=load_tiny_tokenizer(),
+        processing_class=processing_class if processing_class is not None else load_tiny_tokenizer(),
         args=args,
         peft_config=LoraConfig(r=8, lora_alpha=16, target_modules="all-linear") if peft else None,
         **({"rollout_func": rollout_func} if rollout_func is not None else {}),

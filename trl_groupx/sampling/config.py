@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .igrpo import IGRPO_DRAFT_TEMPLATE
+from .rc_grpo import DEFAULT_CONDITION_MIX, DEFAULT_CONDITION_TOKENS
 
 
 @dataclass
@@ -65,6 +66,15 @@ class SamplingArgs:
     igrpo_draft_template (`str`, *optional*, defaults to a short "previous attempt" note):
         iGRPO: text appended to the prompt (last user message) in stage 2, with `{draft}` replaced by the best draft
         (plain substitution; our choice of wording).
+    rc_grpo_prompt_condition_tokens (`list[str]`, *optional*, defaults to `["<|high_reward|>", "<|low_reward|>"]`):
+        RC-GRPO (`rollout_filter="rc_grpo"`; the catalog's `prompt_condition_tokens`): reward-goal tokens, one of
+        which each training rollout's prompt carries (end of the prompt / last user message). Each must be one
+        token of the tokenizer: the policy is the reward-conditioned SFT (RCTP) checkpoint fine-tuned with them
+        (`trl_groupx/sampling/rctp.py`). Evaluation prompts carry none. See `trl_groupx/sampling/rc_grpo.py`.
+    rc_grpo_condition_mix (`list[float]`, *optional*, defaults to `[0.5, 0.5]`):
+        RC-GRPO (the catalog's `condition_mix`): share of each group's rollouts conditioned on each token, in the
+        order of `rc_grpo_prompt_condition_tokens`, summing to 1; a group of G gets floor or ceil of G times each
+        share (exact for G = 4 and 0.5), assigned by a hash of the seed, step and group.
     """
 
     rollout_filter: str | None = field(
@@ -116,6 +126,15 @@ class SamplingArgs:
     igrpo_draft_template: str = field(
         default=IGRPO_DRAFT_TEMPLATE,
         metadata={"help": "iGRPO: text appended to the prompt in stage 2; '{draft}' is replaced by the best draft."},
+    )
+    rc_grpo_prompt_condition_tokens: list[str] = field(
+        default_factory=lambda: list(DEFAULT_CONDITION_TOKENS),
+        metadata={"help": "RC-GRPO: reward-goal tokens, one per training rollout's prompt (single tokens of the "
+                          "RCTP checkpoint's tokenizer)."},
+    )
+    rc_grpo_condition_mix: list[float] = field(
+        default_factory=lambda: list(DEFAULT_CONDITION_MIX),
+        metadata={"help": "RC-GRPO: share of each group conditioned on each token (sums to 1)."},
     )
 
     def __post_init__(self) -> None:

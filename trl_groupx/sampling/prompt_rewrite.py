@@ -1,0 +1,28 @@
+"""Sampling variants that rewrite the training rows' prompts before TRL generates from them.
+
+`GRPOTrainer._generate_and_score_completions` calls the active sampling variant's rewriter on the batch's rows
+(training only); TRL then generates, scores and trains every rollout under the rewritten prompt. iGRPO appends each
+group's best draft (`best_draft.py`), RC-GRPO a reward-goal token per rollout (`reward_tokens.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+Rewriter = Callable[[Any, list[dict[str, Any]]], list[dict[str, Any]]]
+
+
+def prompt_rewriter(variant: Any) -> Rewriter | None:
+    """`rewrite(trainer, rows) -> rows` of the sampling variant `variant` (a registry record or None), or None when
+    it does not rewrite prompts. Imported lazily: the rewriters depend on the trainer's generation helpers."""
+    variant_id = getattr(variant, "id", None)
+    if variant_id == "igrpo":
+        from .best_draft import condition_on_best_draft
+
+        return condition_on_best_draft
+    if variant_id == "rc_grpo":
+        from .reward_tokens import condition_on_reward_tokens
+
+        return condition_on_reward_tokens
+    return None
