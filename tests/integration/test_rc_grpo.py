@@ -150,6 +150,18 @@ def test_same_seed_and_step_draw_the_same_tokens(tmp_path):
     assert draws[0] == draws[1] and draws[0] != draws[2]
 
 
+def test_each_step_draws_with_its_own_step(tmp_path):
+    """Two real training steps: the second generation's tokens are the seeded draw at step 1, not step 0's again."""
+    reward = RecordingReward()
+    trainer = rctp_trainer(tmp_path, reward=reward, rollout_filter="rc_grpo", max_steps=2,
+                           per_device_train_batch_size=32)
+    trainer.train()
+    assert len(reward.calls) == 2
+    for step, call in enumerate(reward.calls):
+        assert call["conditions"] == [TOKENS[k] for k in row_conditions([0.5, 0.5], 4, 0, 32, seed=0, step=step)]
+    assert reward.calls[0]["conditions"] != reward.calls[1]["conditions"]
+
+
 def test_composes_with_rloo(tmp_path):
     reward = RecordingReward()
     trainer = rctp_trainer(tmp_path, reward=reward, rollout_filter="rc_grpo", advantage_estimator="rloo")
