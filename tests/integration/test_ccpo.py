@@ -133,9 +133,9 @@ def test_composes_with_an_objective(tmp_path):
     _, base_grads, _ = one_step(trainer_for(tmp_path / "a", advantage_estimator="ccpo"))
     loss, grads, _ = one_step(trainer_for(tmp_path / "b", advantage_estimator="ccpo", loss_type="gmpo"))
     assert torch.isfinite(loss) and grads_differ(base_grads, grads)
-    # the official optimiser: GSPO's sequence ratio with clip 3e-4 / 4e-4 (the variant's flags)
+    # the official optimiser: GSPO's sequence ratio with clip 3e-4 / 4e-4, token-mean (the variant's flags)
     flags = trl_groupx.get_variant("ccpo").flags
-    loss, grads, _ = one_step(trainer_for(tmp_path / "c", loss_type="grpo", **flags))
+    loss, grads, _ = one_step(trainer_for(tmp_path / "c", **flags))
     assert torch.isfinite(loss) and any(g.abs().sum() > 0 for g in grads.values())
 
 

@@ -94,9 +94,10 @@ def counterfactual_role_rewards(
     official_code="bhai114/ccpo@ea50d3ae4f6f08affb6528b69b6f40f3493bb0c9:"
                   "CCPO/examples/gspo_trainer/two_model/two_model_trainer.py",
     stage="advantages",
-    # the official runs: GSPO's sequence ratio with clip 3e-4 / 4e-4, no KL (run_qwen2_5_1_5b_gspo_two_model.sh)
-    flags={"advantage_estimator": "ccpo", "importance_sampling_level": "sequence", "epsilon": 3e-4,
-           "epsilon_high": 4e-4, "beta": 0.0},
+    # the official runs: GSPO's sequence ratio with clip 3e-4 / 4e-4, no KL (run_qwen2_5_1_5b_gspo_two_model.sh),
+    # token-mean aggregation (verl actor.yaml loss_agg_mode, = TRL's "dapo" normaliser)
+    flags={"advantage_estimator": "ccpo", "loss_type": "dapo", "importance_sampling_level": "sequence",
+           "epsilon": 3e-4, "epsilon_high": 4e-4, "beta": 0.0},
     requires=("step_structure", "step_modules", "counterfactual_rewards"),
     needs=("a two-agent rollout_func returning per episode `step_modules` (the agent of each turn) and "
            "`counterfactual_completion_ids` (the pipeline's output without the credited agent); see "
