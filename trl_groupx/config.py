@@ -18,6 +18,7 @@ from .memory.chunked_logps import ChunkedLogpsArgs
 from .memory.prefix_grouper import PrefixGrouperArgs
 from .objective import AGGREGATIONS, KL_ESTIMATORS, TRL_LOSS_AGGREGATION, TRL_REFERENCE_SURROGATE, resolved_aggregation
 from .objective.config import ObjectiveArgs
+from .objective.turn_ratio import TURN_LEVEL, check_turn_level
 from .registry import SELECTORS, dispatchable_ids, get_variant, list_variants
 from .sampling.config import SamplingArgs
 from .token_weights.config import TokenWeightArgs
@@ -76,6 +77,7 @@ def validate_config(config: GRPOConfig) -> None:
                 )
 
     custom_objective = config.loss_type not in TRL_LOSS_TYPES
+    check_turn_level(config)  # importance_sampling_level="turn": trl_groupx objectives that take the level only
     if config.loss_aggregation is not None:
         if not custom_objective:
             raise ValueError(
@@ -91,7 +93,7 @@ def validate_config(config: GRPOConfig) -> None:
                 f"loss_type={config.loss_type!r} does not support TRL's entropy bonus yet; set entropy_coef=0 and "
                 "use_adaptive_entropy=False, or use one of TRL's loss types."
             )
-        if config.importance_sampling_level != "token":
+        if config.importance_sampling_level not in ("token", TURN_LEVEL):
             raise ValueError(
                 f"loss_type={config.loss_type!r} defines its own importance ratio; leave "
                 "importance_sampling_level='token'."

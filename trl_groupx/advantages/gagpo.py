@@ -48,6 +48,8 @@ def grouped_state_values(returns: torch.Tensor, segments: torch.Tensor, valid: t
     paper="Generalized Advantage Grouped Policy Optimization, arXiv:2605.13217",
     official_code=None,
     stage="advantages",
+    # the abstract's action-level importance ratio: one ratio per turn (objective/turn_ratio.py), in verl's PPO loss
+    flags={"advantage_estimator": "gagpo", "importance_sampling_level": "turn", "loss_type": "dual_clip"},
     requires=("step_structure",),
     needs=("multi-turn rollouts with comparable states: rollout_func fields step_states/step_rewards or an "
            "environment with _step_structure()",),
@@ -94,9 +96,15 @@ def gagpo_step_advantages(
         * Normalisation: `"mean_std"` (default) over all valid steps of the prompt group, as GRPO normalises over
           its group; `"mean"` only subtracts the mean; `"none"` returns `Â`. A group with fewer than 2 valid steps
           or with all-equal `Â` gives 0 (except `"none"`).
-        * Action-level importance ratio: not part of this stage. The objective stage's per-token ratio
-          `π_θ/π_old` is used unchanged (every token of a turn carries that turn's advantage); a per-turn
-          (sequence-level within the turn) ratio is not implemented.
+        * Action-level importance ratio: an objective setting, not this stage's output. The registry flags set
+          `importance_sampling_level="turn"`: one ratio per turn, `ρ_a = exp(mean_{t ∈ a}(log π_θ − log π_old))`,
+          shared and clipped by the turn's tokens (`trl_groupx.objective.turn_ratio`; the length normalisation is
+          our choice, the abstract gives no formula), with `loss_type="dual_clip"` (Choice: verl's PPO loss, the
+          default of verl-agent, which implements GiGPO, a baseline the paper compares against on ALFWorld /
+          WebShop; its cap `dual_clip_c = 3` acts only on negative advantages with ρ > 3; the paper's clip values
+          are not in the abstract, so ε = 0.2 is verl's). Every
+          token of a turn carries that turn's advantage, so on-policy (ρ = 1) the turn ratio gives the per-token
+          ratio's gradient. `advantage_estimator="gagpo"` alone keeps the run's own objective and ratio level.
         * NaN episode reward: the episode is left out of the value proxy and the normalisation and its steps get 0.
           A NaN step reward (`"steps"`) makes the returns, δ and advantages of that step and every earlier step of
           its episode NaN: they are left out and get 0. ±inf raises.

@@ -6,6 +6,7 @@ import torch
 
 from ..contracts import ObjectiveContext
 from ..registry import register
+from .surrogates import log_ratio
 
 # verl clamps the log-ratio before exponentiating (core_algos.py l.1338); kept for parity with verl.
 LOG_RATIO_CLAMP = 20.0
@@ -30,7 +31,12 @@ def _validate(config) -> None:
     validate=_validate,
 )
 def dual_clip_surrogate(
-    ctx: ObjectiveContext, *, epsilon: float, epsilon_high: float | None, dual_clip_c: float
+    ctx: ObjectiveContext,
+    *,
+    epsilon: float,
+    epsilon_high: float | None,
+    dual_clip_c: float,
+    importance_sampling_level: str = "token",
 ) -> torch.Tensor:
     """Dual-clip PPO surrogate, per token `(B, T)`.
 
@@ -54,10 +60,14 @@ def dual_clip_surrogate(
     when `use_bias_correction_kl` (TRL's default); verl's `use_kl_loss` adds an unweighted k3 clamped to ±10.
     The paper (Ye et al. 2020, §3) states the same cap `max(min(ρA, clip(ρ)A), cA)` for `A < 0`.
 
+    Ratio level: `importance_sampling_level="token"` (verl's, the default) or `"turn"`: `ρ_t` is then the ratio of
+    token t's assistant turn, one length-normalised ratio per turn shared by its tokens (GAGPO's action-level ratio,
+    `trl_groupx.objective.turn_ratio`), clamped, clipped and capped as above.
+
     Shapes: `ctx.logps`, `ctx.old_logps`, `ctx.mask` `(B, T)`; `ctx.advantages` `(B, 1)` or `(B, T)`.
     """
     eps_high = epsilon if epsilon_high is None else epsilon_high
-    ratio = torch.exp(torch.clamp(ctx.logps - ctx.old_logps, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    ratio = torch.exp(torch.clamp(log_ratio(ctx, importance_sampling_level), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     adv = ctx.advantages
     clipped_loss = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 1 - epsilon, 1 + eps_high))
     return torch.where(adv < 0, torch.minimum(clipped_loss, -adv * dual_clip_c), clipped_loss)

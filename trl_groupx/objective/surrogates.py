@@ -7,13 +7,17 @@ import torch
 
 from ..contracts import ObjectiveContext
 from ..registry import register
+from .turn_ratio import TURN_LEVEL, turn_log_ratio
 
 
 def log_ratio(ctx: ObjectiveContext, importance_sampling_level: str) -> torch.Tensor:
-    """`logp - logp_old` per token `(B, T)`, or its masked mean per sequence `(B, 1)` (GSPO)."""
+    """`logp - logp_old` per token `(B, T)`, or its masked mean per sequence `(B, 1)` (GSPO), or per assistant turn
+    on the turn's tokens `(B, T)` (`"turn"`, GAGPO's action-level ratio: `turn_ratio.turn_log_ratio`)."""
     token_log_ratio = ctx.logps - ctx.old_logps
     if importance_sampling_level == "sequence":
         return ((token_log_ratio * ctx.mask).sum(-1) / ctx.mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+    if importance_sampling_level == TURN_LEVEL:
+        return turn_log_ratio(token_log_ratio, ctx.mask, ctx.turn_ids)
     return token_log_ratio
 
 
@@ -37,7 +41,8 @@ def clipped_surrogate(
     """PPO clipped surrogate with decoupled bounds (TRL's `grpo`/`bnpo`/`dr_grpo`/`dapo` share it).
 
     `l_t = -min(ρ_t A_t, clip(ρ_t, 1-ε_low, 1+ε_high) A_t)`, `ρ_t = exp(logp_t - logp_old_t)` per token, or one
-    length-normalised ratio per sequence (GSPO) when `importance_sampling_level="sequence"`. With `delta`, the
+    length-normalised ratio per sequence (GSPO) when `importance_sampling_level="sequence"`, or per assistant turn
+    (`"turn"`, `turn_ratio.turn_log_ratio`; trl_groupx objectives only). With `delta`, the
     unclipped branch is capped at `delta` (INTELLECT-2 two-sided clipping). DAPO's contribution at this stage is the
     clip-higher `ε_high = 0.28` and the `global_token_mean` aggregation; its dynamic sampling is a sampling variant.
     """
