@@ -2,7 +2,8 @@
 played by the shipped tiny model via TRL 1.16's `rollout_func`, step advantages from `advantage_estimator="gagpo"`,
 the ratio in `loss_type="dual_clip"`. Off-policy the turn ratio changes the gradient against the token ratio (and
 the loss is the formula on the turns the trainer carried with the rows); on-policy both give the same gradient.
-Full and LoRA. A run without a tool mask is one turn per row: the turn ratio is then GSPO's sequence ratio."""
+Full and LoRA. A run without a tool mask is one turn per row: the turn ratio is then GSPO's sequence ratio. With
+beta > 0 the bias-corrected KL term is weighted by the turn ratio."""
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from tests.integration.objective_helpers import current_logps, loss_and_grads, o
 from trl_groupx.advantages.step_credit import turn_index_from_tool_mask
 from trl_groupx.contracts import ObjectiveContext
 from trl_groupx.objective.dual_clip import dual_clip_surrogate
+from trl_groupx.objective.kl import per_token_kl
 from trl_groupx.objective.surrogates import log_ratio
 from trl_groupx.toy.counter_rollout import counter_outcome_reward, make_counter_game_rollout
 
@@ -95,3 +97,26 @@ def test_without_a_tool_mask_the_turn_is_the_sequence(tmp_path):
     per_row = torch.where(adv < 0, torch.minimum(per_row, -adv * trainer.args.dual_clip_c), per_row)
     expected = (per_row * mask).sum() / inputs["num_items_in_batch"]
     torch.testing.assert_close(loss, expected, atol=1e-6, rtol=1e-5)
+
+
+def test_bias_corrected_kl_is_weighted_by_the_turn_ratio(tmp_path):
+    # beta > 0 with TRL's use_bias_correction_kl (default True): the k3 term is importance-weighted at the run's ratio
+    # level, here each token's turn ratio
+    trainer = build_trainer(trl_groupx.GRPOTrainer, trl_groupx.GRPOConfig, tmp_path, reward_funcs=counter_outcome_reward,
+                            max_completion_length=64, rollout_func=make_counter_game_rollout(),
+                            advantage_estimator="gagpo", loss_type="dual_clip", importance_sampling_level="turn",
+                            beta=0.04)
+    assert trainer.args.use_bias_correction_kl
+    inputs = off_policy_batch(trainer)
+    loss, _ = loss_and_grads(trainer, inputs)
+    turns = inputs["groupx_turn_ids"]
+    mask = inputs["completion_mask"] * inputs["tool_mask"]
+    logps = current_logps(trainer, inputs)
+    ctx = ObjectiveContext(logps, inputs["old_per_token_logps"], inputs["advantages"], mask, turn_ids=turns)
+    k3 = per_token_kl(logps, inputs["ref_per_token_logps"], "k3")
+    kl = k3 * torch.exp(log_ratio(ctx, "turn"))
+    expected = expected_dual_clip_loss(trainer, inputs, turns) + 0.04 * (kl * mask).sum() / inputs["num_items_in_batch"]
+    torch.testing.assert_close(loss, expected, atol=1e-6, rtol=1e-5)
+    token_weighted = k3 * torch.exp(log_ratio(ctx, "token"))
+    # the turn weight is not the token weight here, by more than the tolerance of the loss check above
+    assert 0.04 * ((kl - token_weighted) * mask).sum().abs() / inputs["num_items_in_batch"] > 1e-5
