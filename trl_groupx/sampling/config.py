@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .consistency_grpo import DEFAULT_COLUMN as CONSISTENCY_GRPO_COLUMN
 from .igrpo import IGRPO_DRAFT_TEMPLATE
 from .rc_grpo import DEFAULT_CONDITION_MIX, DEFAULT_CONDITION_TOKENS
 
@@ -75,6 +76,24 @@ class SamplingArgs:
         RC-GRPO (the catalog's `condition_mix`): share of each group's rollouts conditioned on each token, in the
         order of `rc_grpo_prompt_condition_tokens`, summing to 1; a group of G gets floor or ceil of G times each
         share (exact for G = 4 and 0.5), assigned by a hash of the seed, step and group.
+    consistency_grpo_column (`str`, *optional*, defaults to `"paraphrases"`):
+        consistency_grpo (`rollout_filter="consistency_grpo"`; the catalog's `group_key="paraphrase_id"`): dataset
+        column holding each row's semantically equivalent prompt variants (a list in the format of `prompt`, at most
+        `num_generations`); rollout `j` of a group answers variant `j mod V`, so the group is the paraphrases.
+        Evaluation prompts are not rewritten. See `trl_groupx/sampling/consistency_grpo.py`.
+    hapo_adaptive_temperature (`bool`, *optional*, defaults to `False`):
+        HAPO's Adaptive Temperature Sampling (part of the `hapo` catalog id; on in its registry flags): each token
+        is sampled at `temperature · (1 + τ ĥ)`, `ĥ` its next-token entropy normalised by the previous training
+        generation batch's statistics (the first batch samples at `temperature`). Transformers generation only (the
+        official code patches vLLM's sampler). See `trl_groupx/sampling/adaptive_temperature.py`.
+    hapo_temperature_tau (`float`, *optional*, defaults to `0.05`):
+        HAPO: τ, the largest relative change of the temperature (official `temperature_tau`); `>= 0`, and `< 1`
+        with `hapo_temperature_official_sign=False`.
+    hapo_temperature_entropy_pivot (`float`, *optional*, defaults to `0.8`):
+        HAPO: quantile of the previous batch's log-entropies taken as the pivot `m` (official `entropy_pivot`).
+    hapo_temperature_official_sign (`bool`, *optional*, defaults to `True`):
+        HAPO: the official sampler's `ĥ ≥ 0` (temperature only raised, most at the lowest and highest entropies);
+        `False` = the paper's signed `ĥ` (colder at low-entropy tokens, hotter at high-entropy ones).
     """
 
     rollout_filter: str | None = field(
@@ -136,6 +155,22 @@ class SamplingArgs:
         default_factory=lambda: list(DEFAULT_CONDITION_MIX),
         metadata={"help": "RC-GRPO: share of each group conditioned on each token (sums to 1)."},
     )
+    consistency_grpo_column: str = field(
+        default=CONSISTENCY_GRPO_COLUMN,
+        metadata={"help": "consistency_grpo: dataset column with each row's list of paraphrased prompts."},
+    )
+    hapo_adaptive_temperature: bool = field(
+        default=False, metadata={"help": "HAPO: per-token sampling temperature from the next-token entropy."}
+    )
+    hapo_temperature_tau: float = field(
+        default=0.05, metadata={"help": "HAPO adaptive temperature: tau, temperature in T(1 +- tau)."}
+    )
+    hapo_temperature_entropy_pivot: float = field(
+        default=0.8, metadata={"help": "HAPO adaptive temperature: pivot quantile of the previous batch's entropies."}
+    )
+    hapo_temperature_official_sign: bool = field(
+        default=True, metadata={"help": "HAPO adaptive temperature: official unsigned h_hat (False = paper's sign)."}
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()  # type: ignore[misc]
@@ -145,3 +180,6 @@ class SamplingArgs:
         from .temperatures import validate as validate_temperatures
 
         validate_temperatures(self)
+        from .adaptive_temperature import validate as validate_adaptive_temperature
+
+        validate_adaptive_temperature(self)

@@ -75,7 +75,9 @@ def entropy_h_hat(entropies: torch.Tensor, mask: torch.Tensor, pivot: float) -> 
     stage="token_weights",
     flags={"token_weighting": "hapo", "hapo_token_group_norm": True, "hapo_dar": True, "hapo_adv_beta": 1.0,
            "hapo_entropy_pivot": 0.8, "hapo_fallback_threshold": 5.0, "loss_type": "dapo", "epsilon": 0.2,
-           "epsilon_high": 0.2, "beta": 0.0},
+           "epsilon_high": 0.2, "beta": 0.0,
+           # HAPO's sampling part (sampling/adaptive_temperature.py), a generation flag rather than a stage variant
+           "hapo_adaptive_temperature": True, "hapo_temperature_tau": 0.05},
     requires=("entropies",),
     params=("hapo_token_group_norm", "hapo_dar", "hapo_adv_beta", "hapo_entropy_pivot", "hapo_fallback_threshold"),
     validate=_validate,
@@ -136,8 +138,9 @@ def hapo_token_advantages(
       value for the first (here: only) update.
     Choices: unscored rollouts (NaN reward) and empty completions take no part in any statistic and get 0; an
     all-equal group (and G = 1) gets 0 (σ = 0), so DAR leaves it at 0.
-    Not here: Adaptive Temperature Sampling (sampling stage) and Asymmetric Adaptive Clipping (objective stage)
-    belong to other stages and are not implemented by this variant.
+    Not here: Adaptive Temperature Sampling is the generation flag `hapo_adaptive_temperature` (on in this
+    variant's registry flags, τ = 0.05; `trl_groupx/sampling/adaptive_temperature.py`), Asymmetric Adaptive Clipping
+    the objective `loss_type="hapo_clip"`.
     """
     if ctx.rewards is None or (hapo_dar and ctx.entropies is None):
         raise ValueError("token_weighting='hapo' needs rewards (and rollout entropies for hapo_dar) in the TokenContext.")
