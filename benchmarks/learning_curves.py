@@ -196,7 +196,7 @@ def plot(results: dict, names: list[str], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    steps = max(len(results[name]["runs"][0]["rewards"]) for name in names)
+    steps = max((len(results[name]["runs"][0]["rewards"]) for name in names), default=1)
     for name in names:
         curves = list(zip(*(run["rewards"] for run in results[name]["runs"])))
         # rewards are logged once per generation batch: steps_per_generation > 1 logs fewer points over the same steps
