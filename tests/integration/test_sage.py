@@ -49,7 +49,8 @@ class ScriptedReward:
             rewards = [float(i % 2 == 0) for i in range(len(prompts))]
         else:
             rewards = parity_reward(completions)
-        self.calls.append(dict(prompts=prompts, texts=[c[-1]["content"] for c in completions],
+        self.calls.append(dict(prompts=prompts, texts=[c[-1]["content"] if isinstance(c, list) else c
+                                                      for c in completions],
                                ids=[list(c) for c in completion_ids], rewards=rewards, columns=sorted(kwargs)))
         return rewards
 
@@ -222,6 +223,23 @@ def test_missing_or_blank_references_are_not_hinted(tmp_path, tagged):
     hinted = [("Hint:" in _user(p)) for p in reward.calls[-1]["prompts"]] if len(reward.calls) > 1 else []
     assert not any(hinted)  # reward functions never see the hint
     assert math.isclose(trainer._metrics["train"]["groupx/sage_hinted_level_1"][0], sum(has_reference) / 4)
+
+
+def test_text_prompts(tmp_path, tagged):
+    """A dataset of plain-text prompts: the request is one text, the hint is appended to the prompt string."""
+    dataset = Dataset.from_list([{"prompt": _user(r["prompt"]), "answer": r["answer"]}
+                                 for r in arithmetic_dataset(64, seed=0)])
+    reward = ScriptedReward(zero_calls=1, alternate=True)
+    trainer = build_trainer(trl_groupx.GRPOTrainer, trl_groupx.GRPOConfig, tmp_path, reward_funcs=reward,
+                            dataset=dataset, rollout_filter="sage", **SHORT)
+    batch = next(iter(trainer.get_train_dataloader()))
+    _, _, inputs = one_step(trainer)
+    first, reroll = reward.calls
+    assert reroll["prompts"] == first["prompts"] == [x["prompt"] for x in batch]  # rewards see x
+    tokenizer = trainer.processing_class
+    want = Counter(tuple(tokenizer(p + " Hint:1" + tagged.replies[i // 4][:2], add_special_tokens=False)["input_ids"])
+                   for i, p in enumerate(reroll["prompts"]))
+    assert Counter(tuple(p[m.bool()].tolist()) for p, m in zip(inputs["prompt_ids"], inputs["prompt_mask"])) == want
 
 
 def test_group_size_two(tmp_path, tagged):

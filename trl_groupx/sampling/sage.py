@@ -256,8 +256,8 @@ def sage(batch: RolloutBatch) -> torch.Tensor:
       extra column `sage_prompt` (= `x`) on every row; they are not told the hint. The completions table logs the
       prompt each rollout was generated from (hinted for hinted groups).
     - Choice: each level's re-roll regenerates the local batch with the target rows hinted, as the official
-      `run_rollout(gen_batch_to_use)` regenerates the whole batch; TRL's per-call metrics (reward mean, lengths)
-      are logged for every call. A level no process needs is skipped.
+      `run_rollout(gen_batch_to_use)` regenerates the whole batch; TRL's per-call metrics (reward mean, lengths,
+      `num_input_tokens_seen`) count every call. A level no process needs is skipped.
     - `sage-light` (the official off-policy variant: the hint level of a prompt moves up when its accuracy at its
       previous visit was <= 0.1 and down when > 0.35, one rollout per step, hints from a per-prompt tracker) is not
       implemented here.
