@@ -54,6 +54,9 @@ def test_push_to_hub_uploads_our_card_to_a_standin_hub(tmp_path, monkeypatch):
         monkeypatch.setattr(huggingface_hub.constants, "HUGGINGFACE_CO_URL_TEMPLATE",
                             hub.url + "/{repo_id}/resolve/{revision}/{filename}")
         monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        # transformers keeps one HfApi (endpoint fixed when first built, e.g. by an earlier test's model loading):
+        # drop it for this test, so that push_to_hub builds one on the stand-in's endpoint
+        monkeypatch.setattr("transformers.utils.hub._hf_api", None)
         trainer = _with_card_hook(build_trainer(GRPOTrainer, GRPOConfig, tmp_path / "run", loss_type="gmpo",
                                                 hub_model_id="alice/tiny-gmpo", hub_token="hf_standin"))
         trainer.push_to_hub(blocking=True)
