@@ -18,7 +18,6 @@ import yaml
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback
 
-
 DEMO_DEFAULTS: dict[str, Any] = dict(
     use_cpu=True,
     bf16=False,

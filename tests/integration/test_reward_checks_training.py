@@ -3,8 +3,8 @@ flag) and with a variant; TRL's own numbers are unchanged by the check (the pari
 
 import pytest
 
-from tests.integration.objective_helpers import ours
 from tests.conftest import one_step
+from tests.integration.objective_helpers import ours
 from trl_groupx.toy import arithmetic_dataset
 
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import trl_groupx
-from trl_groupx.advantages.gd2po import conflict_keep_mask, gd2po_advantages as gd2po
+from trl_groupx.advantages.gd2po import conflict_keep_mask
+from trl_groupx.advantages.gd2po import gd2po_advantages as gd2po
 
 NAN = float("nan")
 S3 = math.sqrt(1 / 3)  # unbiased std of [1,0,0] and of [1,1,0]
