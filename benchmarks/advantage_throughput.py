@@ -35,13 +35,16 @@ STEPS_PER_EPISODE = 3
 def synthetic_steps(n: int, group_size: int):
     """Multi-turn view for the step-credit estimators: 3 turns per episode, the first turn of a group at one shared
     anchor state, later states drawn from 4 per group, step rewards 0 (the outcome is the episode reward)."""
-    from trl_groupx.advantages.step_credit import StepBatch
+    from trl_groupx.advantages.step_credit import StepBatch, state_key
 
     episode = torch.arange(n).repeat_interleave(STEPS_PER_EPISODE)
     index = torch.arange(STEPS_PER_EPISODE).repeat(n)
     group = episode // group_size
     state = torch.where(index == 0, group * 8, group * 8 + 1 + torch.randint(0, 4, (n * STEPS_PER_EPISODE,)))
-    return StepBatch(episode, index, state, torch.zeros(n * STEPS_PER_EPISODE))
+    # module labels for the estimators that group by module or agent (mmgrpo, ccpo): a Thinker turn, then Solver turns
+    thinker, solver = state_key("thinker"), state_key("solver")
+    module = torch.where(index == 0, torch.tensor(thinker), torch.tensor(solver))
+    return StepBatch(episode, index, state, torch.zeros(n * STEPS_PER_EPISODE), module=module)
 
 
 def estimator_calls(num_rewards: int = 2):
@@ -66,6 +69,8 @@ def estimator_calls(num_rewards: int = 2):
                 extra.update(global_step=0, total_steps=1)
             if "prompt_kl" in variant.requires:  # SPO's per-prompt drift: every prompt seen before
                 extra["prompt_kl"] = torch.full((r.numel(),), 0.03, dtype=torch.float64)
+            if "counterfactual_rewards" in variant.requires:  # each episode's run without the credited agent
+                extra["counterfactual_rewards"] = r.flip(0)
             for name in ("greedy_baseline_rewards", "reference_sample_rewards"):  # the extra completion's reward
                 if name in variant.requires:
                     extra[name] = r.flip(0)

@@ -3,6 +3,7 @@
     python benchmarks/overhead.py --steps 20                    # every variant, writes results/overhead.{md,json}
     python benchmarks/overhead.py --steps 5 --cases "no flag" gmpo
     python benchmarks/overhead.py --steps 15 --missing --output-dir benchmarks/results   # add new variants' rows
+    python benchmarks/overhead.py --steps 15 --cases gagpo --output-dir benchmarks/results   # redo one row
 
 The cases come from the registry, so a new variant joins without an edit here. Each case runs the variant's own flags
 (the paper's defaults) in `trl_groupx.GRPOTrainer` against `trl.GRPOTrainer` with the same TRL-level settings (group
@@ -57,6 +58,8 @@ def trl_flags(flags: dict) -> dict:
     out = {k: v for k, v in flags.items() if k in TRL_FIELDS}
     if out.get("loss_type", "grpo") not in TRL_LOSS_TYPES:
         out["loss_type"] = "grpo"
+    if out.get("importance_sampling_level") == "turn":  # a trl_groupx ratio level (gagpo's flags): TRL's is per token
+        out["importance_sampling_level"] = "token"
     return out
 
 
@@ -91,14 +94,42 @@ def measure(name: str, flags: dict, steps: int, tmp: Path) -> dict:
     sizes = batch_flags(flags)
     # the toy dataset's reference column (ours only: TRL has no such field)
     column = {"gcpo_ref_column": "answer"} if "gcpo_ref_column" in flags else {}
+    if "sage_column" in flags:  # SAGE: the toy dataset's reference column
+        column["sage_column"] = "answer"
     if "teacher_logps" in requires:  # dGRPO's teacher: the tiny model itself (the student's tokenizer)
         from trl_groupx.toy import tiny_model_path
 
         column["opd_teacher_model"] = tiny_model_path()
-    if "step_structure" in requires:  # multi-turn step credit: both trainers play the shipped counter game
+    if "dpo_logps" in requires:  # RTO's DPO model: the tiny model itself (token rewards 0, the cost is the forward)
+        from trl_groupx.toy import tiny_model_path
+
+        column["rto_dpo_model"] = tiny_model_path()
+    if "step_modules" in requires:  # LM calls grouped by module: both trainers run the shipped two-module program
+        from trl_groupx.toy.two_module_program import make_two_module_program_rollout
+
+        sizes.update(rollout_func=make_two_module_program_rollout(), max_completion_length=16)
+    elif "step_structure" in requires:  # multi-turn step credit: both trainers play the shipped counter game
         from trl_groupx.toy.counter_rollout import make_counter_game_rollout
 
         sizes.update(rollout_func=make_counter_game_rollout(), max_completion_length=64)
+    if "counterfactual_rewards" in requires:  # CCPO: both trainers run the shipped Thinker → Solver team
+        from trl_groupx.toy.two_agent_rollout import make_two_agent_rollout
+
+        sizes.update(rollout_func=make_two_agent_rollout(), max_completion_length=16)
+    if "rc_grpo_prompt_condition_tokens" in flags:  # RC-GRPO: both trainers on the tiny model with the reward tokens
+        from trl_groupx.sampling.rctp import save_with_condition_tokens
+        from trl_groupx.toy import load_tiny_tokenizer, tiny_model_path
+
+        tokenizer = load_tiny_tokenizer()
+        sizes.update(model=save_with_condition_tokens(tiny_model_path(), tokenizer, tmp / f"{name}-model"),
+                     processing_class=tokenizer)
+    if "consistency_grpo_column" in flags:  # paraphrase groups: the toy problems' phrasings (TRL ignores the column)
+        from trl_groupx.toy import arithmetic_dataset
+        from trl_groupx.toy.paraphrases import add_arithmetic_paraphrases
+
+        group = flags.get("num_generations", 4)
+        sizes["dataset"] = add_arithmetic_paraphrases(arithmetic_dataset(64, seed=0)).map(
+            lambda row: {"paraphrases": row["paraphrases"][:group]})
     theirs = build_trainer(trl.GRPOTrainer, trl.GRPOConfig, tmp / f"{name}-trl", reward_funcs=rewards, peft=peft,
                            **{**trl_flags(flags), **sizes})
     ours = build_trainer(trl_groupx.GRPOTrainer, trl_groupx.GRPOConfig, tmp / f"{name}-ours", reward_funcs=rewards,
@@ -118,7 +149,10 @@ EXTRA_WORK = {
     "prompt_kl": "one no-grad forward over each prompt's stored response",
     "teacher_logps": "one no-grad teacher forward per generation batch",
     "step_structure": "timed on the counter game (multi-turn rollouts)",
+    "step_modules": "timed on the two-module toy program (LM calls grouped by module)",
     "tempered_logps": "one no-grad full-logits forward (log-probs at the tempered temperatures)",
+    "dpo_logps": "one no-grad DPO-model forward per generation batch",
+    "counterfactual_rewards": "timed on the two-agent toy team; its Solver-only completions decoded and scored",
 }
 
 
@@ -135,12 +169,26 @@ def what_it_adds(name: str) -> str:
         extra = ["a prompt choice before generation"]
     elif "gcpo_ref_column" in variant.params:
         extra = ["a reference completion re-scored for all-fail groups"]
+    elif "consistency_grpo_column" in variant.params:
+        extra = ["each rollout's prompt replaced by one of its row's paraphrases"]
     elif "igrpo_num_drafts" in variant.params:
         extra = ["a first generation round (k drafts per prompt, default k = G), scored, before the trained one"]
+    elif "sage_column" in variant.params:
+        extra = ["for unsolved groups: one greedy hint each and up to 3 re-generations of the batch, scored"]
+    elif "rc_grpo_prompt_condition_tokens" in variant.params:
+        extra = ["a reward token in each training prompt (one token longer); sampled reward tokens masked out"]
     one_forward = {"entropies", "old_logps"} & set(variant.requires) and "tempered_logps" not in variant.requires
     if one_forward and variant.stage == "token_weights":
         extra.append("one no-grad forward for rollout log-probs/entropies")
     extra += [what for need, what in EXTRA_WORK.items() if need in variant.requires]
+    if variant.flags.get("hapo_adaptive_temperature"):
+        extra.append("a per-token temperature at every decoding step (one softmax entropy per step)")
+    if variant.flags.get("importance_sampling_level") == "turn":
+        extra.append("one ratio per assistant turn")
+    if "step_modules" in variant.requires:  # timed on the two-module program, not on the counter game
+        extra.remove(EXTRA_WORK["step_structure"])
+    if "counterfactual_rewards" in variant.requires:  # timed on the two-agent team, not on the two-module program
+        extra.remove(EXTRA_WORK["step_modules"])
     return "; ".join(extra)
 
 
@@ -172,16 +220,17 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--cases", nargs="*", default=list(cases), help="case names (default: all)")
-    parser.add_argument("--output-dir", default=None, help="write overhead.md/.json here (default: print only)")
+    parser.add_argument("--output-dir", default=None,
+                        help="write overhead.md/.json here, keeping the rows of cases not run now (default: print only)")
     parser.add_argument("--missing", action="store_true",
-                        help="only the cases absent from --output-dir's overhead.json; merge them into it")
+                        help="only the cases absent from --output-dir's overhead.json")
     ns = parser.parse_args(argv)
     previous: dict[str, dict] = {}
+    if ns.missing and not ns.output_dir:
+        parser.error("--missing needs --output-dir (the report to complete)")
+    if ns.output_dir and (Path(ns.output_dir) / "overhead.json").exists():  # rows run now replace their old ones
+        previous = json.loads((Path(ns.output_dir) / "overhead.json").read_text())
     if ns.missing:
-        if not ns.output_dir:
-            parser.error("--missing needs --output-dir (the report to complete)")
-        saved = Path(ns.output_dir) / "overhead.json"
-        previous = json.loads(saved.read_text()) if saved.exists() else {}
         ns.cases = [c for c in ns.cases if c not in previous]
     unknown = [c for c in ns.cases if c not in cases]
     if unknown:

@@ -46,6 +46,11 @@ completion (ReMax, AAPO): the reward of the greedy completion of each rollout's 
 (shared by the group), or of one completion per rollout sampled from the frozen reference model; scored by the
 run's reward functions and weights, NaN when unscorable (`trl_groupx.sampling.baseline_rollouts`).
 
+`counterfactual_rewards` (N,) float32 for advantage variants that credit one agent of a multi-agent episode by a
+counterfactual (CCPO): the reward of each episode's run without that agent, whose token ids the rollout_func returns
+per row as `counterfactual_completion_ids`; decoded and scored like the rollouts by the run's reward functions and
+weights, NaN when unscorable (`trl_groupx.sampling.counterfactual_rewards`).
+
 Multi-turn step credit (`requires=("step_structure",)`, advantage variants)
     `fn(rewards: (N,), group_size: int, steps: StepBatch, *, <config fields>) -> per-step advantages (S,)`.
     `steps` (`trl_groupx.advantages.step_credit.StepBatch`) lists the `S` model turns of the global batch: episode
@@ -56,6 +61,9 @@ Multi-turn step credit (`requires=("step_structure",)`, advantage variants)
     follow. Optional: a rollout_func field `step_final_state` (the observation after the episode's last action)
     fills `StepBatch.final_state` (`(N,)` keys, −1 where a row gave none; `None` when no row did); only `graphgpo`
     reads it.
+    `requires=("step_modules",)` too (mmgrpo: one step = one LM call of a multi-module program): the rollout_func
+    field `step_modules` (one module name per step, hashed with `state_key`) fills `StepBatch.module` (`(S,)` long);
+    every row must give it (the trainer raises otherwise), and `step_states` may then be omitted.
 
 Stateful variants (running baselines, priors, replay buffers, schedules) take a keyword-only `state: dict` that
 they read and update in place, with tensors and plain numbers only. The trainer passes the same dict on every
@@ -128,6 +136,10 @@ class TokenContext:
             `*_temperatures` field, in that order (`trl_groupx.token_weights.tempered_logps`), detached, 0 on
             padding; `logps` and `entropies` then come from the same forward. Only for variants that require
             `"tempered_logps"`.
+        dpo_logps (`torch.Tensor` or `None`): `(N, T)` float32, log-probability of each sampled token under the
+            frozen DPO-trained model of `rto_dpo_model` (logits divided by the sampling temperature), no grad, one
+            forward per generation batch (`trl_groupx.token_weights.rto`); only for variants that require
+            `"dpo_logps"` (RTO).
     """
 
     completion_mask: torch.Tensor
@@ -143,6 +155,7 @@ class TokenContext:
     contrast_logps: torch.Tensor | None = None
     intra_group_token_divergence: torch.Tensor | None = None
     tempered_logps: torch.Tensor | None = None
+    dpo_logps: torch.Tensor | None = None
 
 
 @dataclass
@@ -165,6 +178,11 @@ class ObjectiveContext:
             rollouts (`trl_groupx.objective.lightningrl.nll_anchor_weights`, computed on the global generation
             batch; 0 on rollouts that were not correct); filled for objectives that declare
             `requires=("nll_anchor_weights",)`.
+        turn_ids (`torch.Tensor` or `None`): `(B, T)` long, the assistant turn (action) of each completion token, 0
+            for the first, −1 on tool / environment tokens and padding (`step_credit.turn_index_from_tool_mask`; one
+            turn where there is no tool mask); filled when the config sets `importance_sampling_level="turn"`, which
+            objectives that take `importance_sampling_level` read through `surrogates.log_ratio` (GAGPO's
+            action-level ratio, `trl_groupx.objective.turn_ratio`).
     """
 
     logps: torch.Tensor
@@ -175,11 +193,13 @@ class ObjectiveContext:
     group_ids: torch.Tensor | None = None
     teacher_logps: torch.Tensor | None = None
     anchor_weights: torch.Tensor | None = None
+    turn_ids: torch.Tensor | None = None
 
 
 # Keyword-only arguments the trainer supplies itself (see `requires` in registry.py), not read from the config.
 TRAINER_SUPPLIED = frozenset({"state", "completion_lengths", "global_step", "total_steps", "steps", "prompt_keys",
-                              "greedy_baseline_rewards", "reference_sample_rewards", "prompt_kl"})
+                              "greedy_baseline_rewards", "reference_sample_rewards", "prompt_kl",
+                              "counterfactual_rewards"})
 
 
 def config_kwargs(fn: Callable[..., Any], config: Any) -> dict[str, Any]:

@@ -34,7 +34,9 @@ SELECTORS: dict[Stage, str] = {
 # variants) and `global_step` (which brings `total_steps` too; schedules, any stage) arrive as keyword arguments of
 # the variant's function; the others fill the stage's context. `step_structure` (advantage variants for multi-turn
 # episodes) brings `steps: StepBatch` and makes the function return per-step advantages `(S,)`, which the trainer
-# lays out on the episode's turns as `(N, T)` token advantages. `token_blocks` (token variants) fills
+# lays out on the episode's turns as `(N, T)` token advantages; `step_modules` (with it) also fills `StepBatch.module`,
+# the module of each step's LM call, from a rollout_func's `step_modules` field (mmgrpo). `token_blocks` (token
+# variants) fills
 # `TokenContext.token_blocks` from the tags in the variant's `*_block_tags` field; `rewards_per_func` also fills
 # `TokenContext.rewards_per_func` for token variants. `contrast_logps` (token variants) fills
 # `TokenContext.contrast_logps`: the completions' log-probs under a negative version of each prompt (gcpo_guidance).
@@ -45,14 +47,18 @@ SELECTORS: dict[Stage, str] = {
 # temperatures of the variant's `*_temperatures` field (and `logps`/`entropies` from the same forward; DCPO).
 # `teacher_logps` (objectives) fills `ObjectiveContext.teacher_logps`: the sampled tokens' log-probs under the frozen
 # teacher the trainer loads from `opd_teacher_model` (dgrpo).
+# `counterfactual_rewards` (advantage variants): each episode's run without the credited agent, from a rollout_func's
+# `counterfactual_completion_ids` field, scored by the run's reward functions (ccpo).
 # `nll_anchor_weights` (objectives) fills `ObjectiveContext.anchor_weights`: per-rollout weights of an NLL term on
 # the correct rollouts, from the global generation batch (lightningrl).
+# `dpo_logps` (token variants) fills `TokenContext.dpo_logps`: the sampled tokens' log-probs under the frozen
+# DPO-trained model the trainer loads from `rto_dpo_model` (rto).
 KNOWN_REQUIREMENTS = frozenset(
     {"entropies", "old_logps", "ref_logps", "rewards_per_func", "group_structure", "completion_lengths", "global_step",
      "step_structure", "sum_pi_squared", "prompt_keys", "greedy_baseline_rewards", "reference_sample_rewards",
-     "token_blocks", "contrast_logps", "prompt_kl",
-     "intra_group_token_divergence", "tempered_logps", "teacher_logps",
-     "nll_anchor_weights"}
+     "token_blocks", "contrast_logps", "prompt_kl", "step_modules",
+     "intra_group_token_divergence", "tempered_logps", "teacher_logps", "counterfactual_rewards",
+     "nll_anchor_weights", "dpo_logps"}
 )
 
 _ID_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")

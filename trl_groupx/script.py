@@ -26,10 +26,14 @@ def _reward_funcs() -> dict[str, Callable[..., Any]]:
 
     from .toy import arithmetic_reward
     from .toy.counter_rollout import counter_outcome_reward
+    from .toy.two_agent_rollout import two_agent_answer_reward
+    from .toy.two_module_program import program_score_reward
 
     return {
         "accuracy_reward": accuracy_reward,
         "counter_game_outcome": counter_outcome_reward,
+        "two_agent_answer": two_agent_answer_reward,
+        "two_module_program_score": program_score_reward,
         "reasoning_accuracy_reward": reasoning_accuracy_reward,
         "think_format_reward": think_format_reward,
         "arithmetic_reward": arithmetic_reward,
@@ -104,8 +108,12 @@ def _rollouts() -> dict[str, Callable[[], Any]]:
     """Named multi-turn rollouts (TRL `rollout_func` factories) a recipe can select with `rollout:`."""
     from .rollouts import make_multi_round_rollout
     from .toy.counter_rollout import make_counter_game_rollout
+    from .toy.two_agent_rollout import make_two_agent_rollout
+    from .toy.two_module_program import make_two_module_program_rollout
 
-    return {"counter_game": make_counter_game_rollout, "multi_round": make_multi_round_rollout}
+    return {"counter_game": make_counter_game_rollout, "multi_round": make_multi_round_rollout,
+            "two_module_program": make_two_module_program_rollout,
+            "two_agent": make_two_agent_rollout}
 
 
 _MULTI_ROUND_ARGS = {"num_rounds": "num_rounds", "multi_round_futures": "num_futures",
@@ -163,11 +171,26 @@ def build_trainer(script_args, training_args, model_args):
     if script_args.toy or model_args.model_name_or_path == TOY_MODEL:
         model_args.model_name_or_path = tiny_model_path()
         processing_class = load_tiny_tokenizer()
+    if processing_class is not None and training_args.rollout_filter == "rc_grpo":
+        # RC-GRPO refuses a tokenizer without its reward tokens: the toy gets them added (untrained, not an RCTP)
+        from .sampling.rctp import save_with_condition_tokens
+
+        model_args.model_name_or_path = save_with_condition_tokens(
+            model_args.model_name_or_path, processing_class,
+            f"{training_args.output_dir}/toy-with-condition-tokens/rank{training_args.process_index}",
+            training_args.rc_grpo_prompt_condition_tokens)
     teacher = getattr(training_args, "opd_teacher_model", None)  # dGRPO's teacher shares the student's tokenizer
     if teacher is not None and (script_args.toy or teacher == TOY_MODEL):
         training_args.opd_teacher_model = tiny_model_path()
+    dpo_model = getattr(training_args, "rto_dpo_model", None)  # RTO's DPO model shares the policy's tokenizer
+    if dpo_model is not None and (script_args.toy or dpo_model == TOY_MODEL):
+        training_args.rto_dpo_model = tiny_model_path()
     if script_args.toy or script_args.dataset_name == TOY_DATASET:
         train_dataset = arithmetic_dataset(n=1024, seed=training_args.seed)
+        if training_args.rollout_filter == "consistency_grpo":  # the toy has no paraphrase column: build its own
+            from .toy.paraphrases import add_arithmetic_paraphrases
+
+            train_dataset = add_arithmetic_paraphrases(train_dataset, training_args.consistency_grpo_column)
     else:
         train_dataset = load_dataset(script_args.dataset_name, name=script_args.dataset_config)[
             script_args.dataset_train_split

@@ -39,6 +39,7 @@ from .registry import Variant, get_variant
 from .reward_checks import check_reward_columns, wrap_reward_funcs
 from .sampling import apply_keep_mask
 from .sampling.baseline_rollouts import BASELINE_REQUIREMENTS, baseline_rewards, check_baseline_rollouts
+from .sampling.prompt_rewrite import prompt_rewriter
 from .trainer_checks import check_model_for_flags, check_variant_components
 
 VARIANT_STATE_NAME = "trl_groupx_variant_state.pt"
@@ -80,11 +81,19 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
         objective = self.variants.get("objective")
         self._objective_group_ids = bool(objective and "group_structure" in objective.requires)
         self._nll_anchor = bool(objective and "nll_anchor_weights" in objective.requires)  # lightningrl
+        # importance_sampling_level="turn" (objective/turn_ratio.py): each completion token's turn, as a row tensor
+        self._turn_ids = objective is not None and getattr(self.args, "importance_sampling_level", None) == "turn"
         self._teacher = None  # dGRPO: frozen teacher of the distillation term (objective/dgrpo.py)
         if objective is not None and "teacher_logps" in objective.requires:
             from .objective.dgrpo import load_teacher
 
             self._teacher = load_teacher(self)
+        token_variant = self.variants.get("token_weights")
+        self._dpo_model = None  # RTO: frozen DPO-trained model of the token rewards (token_weights/rto.py)
+        if token_variant is not None and "dpo_logps" in token_variant.requires:
+            from .token_weights.rto import load_dpo_model
+
+            self._dpo_model = load_dpo_model(self)
         self._balanced_scope: str | None = None
         if objective is not None and resolved_aggregation(self.args) == "balanced":
             self._balanced_scope = self.args.balanced_agg_scope
@@ -99,14 +108,30 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             check_baseline_rollouts(self, adv_variant.id, self._baseline_requirement)
         self._baseline_rewards: torch.Tensor | None = None
         self._generating_baseline = False  # set while those extra completions are generated
+        # CCPO: the reward of each episode's run without the credited agent (sampling/counterfactual_rewards.py)
+        self._needs_counterfactual = adv_variant is not None and "counterfactual_rewards" in adv_variant.requires
+        if self._needs_counterfactual:
+            from .sampling.counterfactual_rewards import check_counterfactual_rollouts
+
+            check_counterfactual_rollouts(self, adv_variant.id)
+        self._counterfactual_rewards: torch.Tensor | None = None
         # Per stateful variant: the dict its function updates in place; saved with every checkpoint.
         self.variant_state: dict[str, dict[str, Any]] = {v.id: {} for v in self.variants.values() if v.stateful}
         if adv_variant is not None and "prompt_kl" in adv_variant.requires:  # one stored response per prompt, saved too
             self.variant_state[f"{adv_variant.id}/prompt_kl"] = {}
+        if getattr(self.args, "hapo_adaptive_temperature", False):  # HAPO: last batch's entropy statistics, saved too
+            from .sampling.adaptive_temperature import STATE_KEY, check_generation_path
+
+            check_generation_path(self)
+            self.variant_state[STATE_KEY] = {}
 
     # ---- rewards ------------------------------------------------------------------------------------------------
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        if getattr(self.variants.get("sampling"), "id", None) == "sage":  # SAGE: rewards see the prompt, no hint
+            from .sampling.self_hints import reward_prompts
+
+            prompts = reward_prompts(inputs, prompts)
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._rewards_per_func = rewards_per_func  # (N_global, K), gathered across processes by TRL
         return rewards_per_func
@@ -114,15 +139,18 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
     # ---- sampling, advantages, token weights ----------------------------------------------------------------------
 
     def _generate_and_score_completions(self, inputs):
-        if getattr(self.variants.get("sampling"), "id", None) == "igrpo" and self.model.training:  # iGRPO stage 1
-            from .sampling.best_draft import condition_on_best_draft
-
-            inputs = condition_on_best_draft(self, inputs)  # prompts now end with each group's best draft
+        rewrite_prompts = prompt_rewriter(self.variants.get("sampling")) if self.model.training else None
+        if rewrite_prompts is not None:  # iGRPO's best draft, RC-GRPO's reward token (sampling/prompt_rewrite.py)
+            inputs = rewrite_prompts(self, inputs)
         output = super()._generate_and_score_completions(inputs)
         if "dapo_dynamic_sampling" in self.variant_state and self.model.training:  # DAPO: refill with new prompts
             from .sampling.dapo_dynamic_sampling import refill_generation_batch
 
             inputs, output = refill_generation_batch(self, inputs, output, super()._generate_and_score_completions)
+        if getattr(self.variants.get("sampling"), "id", None) == "sage" and self.model.training:  # SAGE re-roll
+            from .sampling.self_hints import reroll_with_hints
+
+            inputs, output = reroll_with_hints(self, inputs, output, super()._generate_and_score_completions)
         if getattr(self.variants.get("sampling"), "id", None) == "gcpo_ref" and self.model.training:  # GCPO
             from .sampling.reference_injection import inject_reference_solutions
 
@@ -133,13 +161,29 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             if self._baseline_requirement:
                 group_size = self.num_generations if self.model.training else self.num_generations_eval
                 self._baseline_rewards = baseline_rewards(self, inputs, self._baseline_requirement, group_size)
+            if self._needs_counterfactual:  # scored by the run's reward functions, like the rollouts
+                from .sampling.counterfactual_rewards import counterfactual_rewards
+
+                self._counterfactual_rewards = counterfactual_rewards(self, inputs, self.variants["advantages"].id)
             output = self.apply_rollout_stages(output)
+        if getattr(self.variants.get("sampling"), "id", None) == "rc_grpo":  # a sampled reward token gets no loss
+            from .sampling.reward_tokens import mask_condition_tokens
+
+            mask_condition_tokens(self, output)
         if self._objective_group_ids or self._balanced_scope or self._nll_anchor:
             self._add_objective_rollout_inputs(output)
         if self._teacher is not None:  # the teacher's log-probs of the sampled tokens, shuffled and split with the rows
             from .objective.dgrpo import teacher_token_logps
 
             output["groupx_teacher_logps"] = teacher_token_logps(self, self._teacher, output, _FORWARD_KEYS)
+        if self._turn_ids:  # per row (no other process's rows needed), shuffled and split with the rows by TRL
+            from .objective.turn_ratio import completion_turn_ids
+
+            output["groupx_turn_ids"] = completion_turn_ids(output)
+        if getattr(self.args, "hapo_adaptive_temperature", False) and self.model.training:  # for the next batch
+            from .sampling.adaptive_temperature import update_entropy_statistics
+
+            update_entropy_statistics(self)
         return output
 
     def _add_objective_rollout_inputs(self, output: dict[str, Any]) -> None:
@@ -185,12 +229,22 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
         environment (`environment_factory`; private so that TRL does not expose it as a tool). States are hashed
         here (`state_key`), so only integers and floats cross processes. An optional `step_final_state` field (the
         observation after the episode's last step, `graphgpo`'s last transition) fills `StepBatch.final_state`."""
+        needs_modules = "step_modules" in self.variants["advantages"].requires  # mmgrpo: each step's module
         local = []
         for i, row in enumerate(inputs):
             final = row.get("step_final_state")
+            modules = row.get("step_modules")
+            if needs_modules and modules is None:
+                raise ValueError(
+                    f"advantage_estimator={self.args.advantage_estimator!r} groups LM calls by module: return a "
+                    "`step_modules` list (the module name of each LM call, in call order) per episode from your "
+                    "rollout_func (see trl_groupx/toy/two_module_program.py)."
+                )
             if "step_states" in row:
                 states = row["step_states"]
                 rewards = row.get("step_rewards", [0.0] * len(states))
+            elif modules is not None:  # a program's LM calls: no environment state to hash
+                states, rewards = [0] * len(modules), row.get("step_rewards", [0.0] * len(modules))
             elif self.environments and hasattr(self.environments[i], "_step_structure"):
                 states, rewards = self.environments[i]._step_structure()
             else:
@@ -201,12 +255,23 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
                 )
             if len(rewards) != len(states):
                 raise ValueError(f"Row {i}: {len(states)} step states but {len(rewards)} step rewards.")
+            if modules is not None and len(modules) != len(states):
+                raise ValueError(f"Row {i}: {len(states)} step states but {len(modules)} step modules.")
             local.append(([state_key(s) for s in states], [float(r) for r in rewards],
-                          None if final is None else state_key(final)))
+                          None if final is None else state_key(final),
+                          None if modules is None else [state_key(m) for m in modules]))
         rows = gather_object(local) if self.accelerator.num_processes > 1 else local
         finals = [r[2] for r in rows]
+        modules = [r[3] for r in rows] if all(r[3] is not None for r in rows) else None
         return StepBatch.from_lists([r[0] for r in rows], [r[1] for r in rows],
-                                    None if all(f is None for f in finals) else finals)
+                                    None if all(f is None for f in finals) else finals, modules)
+
+    def _global_loss_tokens(self, output: dict[str, Any]) -> torch.Tensor:
+        """TRL's `num_items_in_batch`: the generation batch's loss tokens over all processes (completion mask times
+        the tool mask of multi-turn rollouts), recounted after a stage masks rollouts out."""
+        mask = output["completion_mask"]
+        mask = mask if "tool_mask" not in output else mask * output["tool_mask"]
+        return self.accelerator.gather(mask.sum()).sum()
 
     def apply_rollout_stages(self, output: dict[str, Any]) -> dict[str, Any]:
         """Run the sampling, advantage and token-weight stages on one generation batch; returns `output` updated.
@@ -229,14 +294,14 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             keep = self._call(self.variants["sampling"], RolloutBatch(rewards, lengths, group_size))
             rewards, rewards_per_func = apply_keep_mask(rewards, keep), apply_keep_mask(rewards_per_func, keep)
             output["completion_mask"] = output["completion_mask"] * keep[local, None].to(output["completion_mask"])
-            output["num_items_in_batch"] = self.accelerator.gather(output["completion_mask"].sum()).sum()
+            output["num_items_in_batch"] = self._global_loss_tokens(output)
             self._metrics[mode]["groupx/kept_fraction"].append(keep.float().mean().item())
 
         advantages = self.compute_advantages(rewards, rewards_per_func, group_size, output)
         if isinstance(advantages, tuple):  # an advantage variant that also leaves rollouts out (MC-GRPO's pivot)
             advantages, adv_keep = advantages
             output["completion_mask"] = output["completion_mask"] * adv_keep[local, None].to(output["completion_mask"])
-            output["num_items_in_batch"] = self.accelerator.gather(output["completion_mask"].sum()).sum()
+            output["num_items_in_batch"] = self._global_loss_tokens(output)
             self._metrics[mode]["groupx/advantage_kept_fraction"].append(adv_keep.float().mean().item())
             keep = adv_keep if keep is None else keep & adv_keep
         if self._steps is not None:  # per-step advantages (S,) -> this process's (B, T) advantages on the turns
@@ -295,6 +360,8 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
                     extra["prompt_kl"] = prompt_kl
             if self._baseline_requirement:  # ReMax / AAPO: rewards of the extra baseline completions
                 extra[self._baseline_requirement] = self._baseline_rewards
+            if "counterfactual_rewards" in variant.requires:  # CCPO: rewards of the runs without the credited agent
+                extra["counterfactual_rewards"] = self._counterfactual_rewards
             if "step_structure" in variant.requires:  # step records live on the CPU (built from Python lists)
                 extra["steps"] = self._steps
                 source = source.cpu()
@@ -360,6 +427,11 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             tags = getattr(self.args, block_tags_field(self.variants["token_weights"].params))
             token_blocks = token_block_ids(completion_ids, completion_mask, self.processing_class, tags)
         contrast = self._contrast_logps(output) if "contrast_logps" in requires else None
+        dpo = None
+        if "dpo_logps" in requires:  # RTO: the DPO model's log-probs of the sampled tokens (token_weights/rto.py)
+            from .token_weights.rto import dpo_token_logps
+
+            dpo = dpo_token_logps(self, self._dpo_model, output, _FORWARD_KEYS)
         divergence = None
         if "intra_group_token_divergence" in requires:  # TW-GRPO: full next-token distributions, group by group
             divergence = self._intra_group_token_divergence(output, group_size)
@@ -377,6 +449,7 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             contrast_logps=self._gather_padded(contrast),
             intra_group_token_divergence=divergence,
             tempered_logps=self._gather_padded(tempered),
+            dpo_logps=self._gather_padded(dpo),
         )
 
     def _contrast_logps(self, output: dict[str, Any]) -> torch.Tensor:
@@ -527,8 +600,15 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         """TRL's method, run on chunks of at most `generation_micro_group_size` rows when that is set
         (`sampling/micro_groups.py`), and once per temperature of `generation_temperatures` when those apply to this
-        batch's group size (`sampling/temperatures.py`; not for the extra baseline completions of remax/aapo)."""
+        batch's group size (`sampling/temperatures.py`; not for the extra baseline completions of remax/aapo); with
+        `hapo_adaptive_temperature`, training generations sample each token at an entropy-adaptive temperature
+        (`sampling/adaptive_temperature.py`)."""
         generate = super()._generate_single_turn
+        adaptive = getattr(self.args, "hapo_adaptive_temperature", False) and not self._generating_baseline
+        if adaptive and self.model.training:  # HAPO: per-token temperature (innermost: one processor per generate)
+            from .sampling.adaptive_temperature import generate_with_adaptive_temperature
+
+            generate = functools.partial(generate_with_adaptive_temperature, self, generate)
         if getattr(self.args, "generation_micro_group_size", None) is not None:
             from .sampling.micro_groups import generate_in_micro_groups
 
@@ -573,7 +653,8 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
 
         ctx = ObjectiveContext(logps, old_logps, advantages, mask, entropies.detach(), inputs.get("groupx_group_ids"),
                                teacher_logps=inputs.get("groupx_teacher_logps"),
-                               anchor_weights=inputs.get("groupx_anchor_weights"))
+                               anchor_weights=inputs.get("groupx_anchor_weights"),
+                               turn_ids=inputs.get("groupx_turn_ids"))
         per_token_loss = self._call(objective, ctx)
         mode = "train" if self.model.training else "eval"
         if ctx.teacher_logps is not None:  # dGRPO: per-token sampled reverse KL to the teacher (objective/dgrpo.py)

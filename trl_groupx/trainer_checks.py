@@ -44,6 +44,18 @@ def check_variant_components(trainer: Any, variants: dict[str, Variant]) -> None
         from .sampling.best_draft import check_best_draft
 
         check_best_draft(trainer)
+    if getattr(variants.get("sampling"), "id", None) == "rc_grpo":  # the policy must know the reward tokens
+        from .sampling.reward_tokens import check_reward_tokens
+
+        check_reward_tokens(trainer)
+    if getattr(variants.get("sampling"), "id", None) == "consistency_grpo":  # the dataset's paraphrase column
+        from .sampling.paraphrase_groups import check_paraphrase_column
+
+        check_paraphrase_column(trainer)
+    if getattr(variants.get("sampling"), "id", None) == "sage":  # reference column, single-turn generation
+        from .sampling.self_hints import check_self_hints
+
+        check_self_hints(trainer)
     token_variant = variants.get("token_weights")
     if token_variant and "token_blocks" in token_variant.requires:  # one text block per reward function
         from .token_weights.blocks import block_tags_field
@@ -64,6 +76,13 @@ def check_variant_components(trainer: Any, variants: dict[str, Variant]) -> None
                 "or set beta > 0 (TRL then loads one, and also adds its loss-side KL)."
             )
     adv_variant = variants.get("advantages")
+    needs_modules = adv_variant is not None and "step_modules" in adv_variant.requires
+    if needs_modules and getattr(trainer, "rollout_func", None) is None:
+        raise ValueError(
+            f"advantage_estimator={adv_variant.id!r} groups the LM calls of a program by module: pass a rollout_func "
+            "that returns `step_modules` (the module name of each LM call) per episode; environments give no "
+            "module labels (see trl_groupx/toy/two_module_program.py)."
+        )
     needs_steps = adv_variant is not None and "step_structure" in adv_variant.requires
     if needs_steps and getattr(trainer, "rollout_func", None) is None and not getattr(trainer, "environments", None):
         raise ValueError(

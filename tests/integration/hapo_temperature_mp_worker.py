@@ -24,7 +24,8 @@ from trl_groupx.sampling.adaptive_temperature import STATE_KEY, EntropyStatistic
 def check(out_dir: Path) -> dict:
     trainer = build_trainer(trl_groupx.GRPOTrainer, trl_groupx.GRPOConfig, out_dir / "hapo",
                             per_device_train_batch_size=4, num_generations=4, max_completion_length=12,
-                            hapo_adaptive_temperature=True, hapo_temperature_tau=0.5)
+                            hapo_adaptive_temperature=True, hapo_temperature_tau=0.5,
+                            hapo_temperature_official_sign=True)
     trainer.model.train()
     torch.manual_seed(0)
     batch = next(iter(trainer.get_train_dataloader()))

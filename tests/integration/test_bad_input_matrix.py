@@ -18,6 +18,8 @@ from tests.conftest import build_trainer, one_step
 from trl_groupx.config import GRPOConfig
 from trl_groupx.toy import tiny_model_path
 from trl_groupx.toy.counter_rollout import make_counter_game_rollout
+from trl_groupx.toy.two_agent_rollout import make_two_agent_rollout
+from trl_groupx.toy.two_module_program import make_two_module_program_rollout
 
 CONFIG_FIELDS = {f.name for f in dataclasses.fields(GRPOConfig)}
 VARIANTS = [v for v in trl_groupx.list_variants() if not v.native]
@@ -70,13 +72,35 @@ def build(variant, tmp_path, rewards, **overrides):
     needs_two = "rewards_per_func" in variant.requires
     reward_funcs = list(rewards) if needs_two else rewards[0]
     extra = {}
-    if "step_structure" in variant.requires:  # multi-turn step credit: the shipped counter game with a step record
+    if "step_modules" in variant.requires:  # LM calls grouped by module: the shipped two-module program
+        extra["rollout_func"] = make_two_module_program_rollout()
+        overrides.setdefault("max_completion_length", 16)
+    elif "step_structure" in variant.requires:  # multi-turn step credit: the shipped counter game with a step record
         extra["rollout_func"] = make_counter_game_rollout()
         overrides.setdefault("max_completion_length", 64)
+    if "counterfactual_rewards" in variant.requires:  # CCPO: the shipped Thinker → Solver team and its Solver-only run
+        extra["rollout_func"] = make_two_agent_rollout()
     if "gcpo_ref_column" in variant.params:  # the toy dataset's reference column
         overrides.setdefault("gcpo_ref_column", "answer")
+    if "sage_column" in variant.params:  # SAGE: the toy dataset's reference column
+        overrides.setdefault("sage_column", "answer")
     if "teacher_logps" in variant.requires:  # dGRPO's teacher: the tiny model itself (the student's tokenizer)
         overrides.setdefault("opd_teacher_model", tiny_model_path())
+    if "dpo_logps" in variant.requires:  # RTO's DPO model: the tiny model itself (the policy's tokenizer)
+        overrides.setdefault("rto_dpo_model", tiny_model_path())
+    if "rc_grpo_prompt_condition_tokens" in variant.params:  # RC-GRPO: the tiny model given its reward tokens
+        from trl_groupx.sampling.rctp import save_with_condition_tokens
+        from trl_groupx.toy import load_tiny_tokenizer
+
+        extra["processing_class"] = load_tiny_tokenizer()
+        extra["model"] = save_with_condition_tokens(tiny_model_path(), extra["processing_class"], tmp_path / "model")
+    if "consistency_grpo_column" in variant.params:  # paraphrase groups: the toy problems' phrasings, at most G
+        from trl_groupx.toy import arithmetic_dataset
+        from trl_groupx.toy.paraphrases import add_arithmetic_paraphrases
+
+        size = overrides.get("num_generations", variant.flags.get("num_generations", 4))
+        extra["dataset"] = add_arithmetic_paraphrases(arithmetic_dataset(64, seed=0)).map(
+            lambda row: {"paraphrases": row["paraphrases"][:size]})
     peft = bool({"ref_logps", "reference_sample_rewards"} & set(variant.requires))  # the base is the reference
     return build_trainer(trl_groupx.GRPOTrainer, GRPOConfig, tmp_path, peft=peft, reward_funcs=reward_funcs, **extra,
                          **toy_flags(variant, **overrides))

@@ -64,8 +64,13 @@ def test_dispatched_variant_contract(variant):
         if "step_structure" in variant.requires:  # per-step output: two turns per episode, a shared first state
             from trl_groupx.advantages.step_credit import StepBatch
 
+            modules = [["plan", "answer"]] * n if "step_modules" in variant.requires else None  # as the trainer fills
             steps = StepBatch.from_lists([["s0", f"s{i % 3}"] for i in range(n)],
-                                         [[0.0, float(i % 2)] for i in range(n)])
+                                         [[0.0, float(i % 2)] for i in range(n)], modules=modules)
+            if "counterfactual_rewards" in variant.requires:  # CCPO: a two-agent team, each episode's run without
+                # its credited agent (the config's default name) scored, one NaN
+                steps.module = StepBatch.from_lists([["s0", "s1"]] * n, modules=[["thinker", "solver"]] * n).module
+                kwargs["counterfactual_rewards"] = torch.tensor([0.0, 1.0, 0.0, 0.0, 1.0, float("nan"), 0.0, 1.0])
             out = variant.fn(rewards, g, steps=steps, **kwargs)
             assert out.shape == (2 * n,) and torch.isfinite(out).all() and (out[steps.episode == 3] == 0).all()
         else:
@@ -96,6 +101,8 @@ def test_dispatched_variant_contract(variant):
 
             m = len(getattr(config, logp_temperatures_field(variant.params)))
             ctx.tempered_logps = (logps[..., None] - 0.5 * torch.rand(n, t, m)) * mask[..., None]
+        if "dpo_logps" in variant.requires:  # the DPO model's log-probs of the sampled tokens, as the trainer fills
+            ctx.dpo_logps = logps - 0.5 * torch.rand(n, t)
         out = variant.fn(torch.zeros(n), ctx, **kwargs)
         assert out.shape == (n, t) and torch.isfinite(out).all() and (out[mask == 0] == 0).all()
     elif variant.stage == "objective":

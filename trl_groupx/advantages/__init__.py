@@ -7,6 +7,7 @@ One module per variant (or per family); importing this package registers them al
 
 from .aapo import aapo_advantages
 from .agentflow import agentflow_step_advantages
+from .ccpo import ccpo_step_advantages
 from .dvao import dvao_advantages
 from .ebpo import ebpo_advantages
 from .focal_tailmiss import focal_tailmiss_advantages
@@ -22,6 +23,7 @@ from .hgpo import hgpo_step_advantages
 from .mathforge_dgpo import mathforge_dgpo_advantages
 from .mc_grpo import mc_grpo_advantages
 from .mdp_grpo import mdp_grpo_advantages
+from .mmgrpo import mmgrpo_step_advantages
 from .mo_grpo import mo_grpo_advantages
 from .opo import opo_advantages
 from .papo import papo_advantages
@@ -42,6 +44,7 @@ __all__ = [
     "remax_advantages",
     "mc_grpo_advantages",
     "agentflow_step_advantages",
+    "ccpo_step_advantages",
     "gigpo_step_advantages",
     "gagpo_step_advantages",
     "graphgpo_step_advantages",
@@ -57,6 +60,7 @@ __all__ = [
     "grpo_passk_advantages",
     "mathforge_dgpo_advantages",
     "mdp_grpo_advantages",
+    "mmgrpo_step_advantages",
     "mo_grpo_advantages",
     "opo_advantages",
     "papo_advantages",

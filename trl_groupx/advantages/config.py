@@ -42,6 +42,21 @@ class AdvantageArgs:
     aapo_scale_rewards (`bool`, defaults to `False`): AAPO: divide the group-centred part by the group std + 1e-4
         (official `--scale_rewards`, off in the 7B scripts).
 
+    > ccpo (two-agent counterfactual credit; `step_modules` + `counterfactual_completion_ids` from the rollout_func)
+    ccpo_lambda (`float`, defaults to `0.2`): CCPO: weight λ of the counterfactual bonus added to the credited
+        agent's reward (official `counterfactual_lambda`).
+    ccpo_credit (`str`, defaults to `"event"`): CCPO: `"event"` (official: bonus ±1 when the team outcome and the
+        solo baseline disagree in sign), `"delta"` (official `counterfactual_use_event_bonus=False`: bonus
+        `(o − b)/2`) or `"marginal"` (the abstract: the credited agent's reward is `o − b`, λ unused).
+    ccpo_solo_baseline (`str`, defaults to `"group"`): CCPO: `b` is the mean counterfactual outcome of the prompt
+        group (`"group"`, official) or the episode's own (`"row"`).
+    ccpo_outcome (`str`, defaults to `"sign"`): CCPO: `"sign"` maps rewards to the verifier outcome ±1 (> 0 → +1,
+        official) before the credit; `"raw"` uses the run's rewards as they are.
+    ccpo_scale (`bool`, defaults to `False`): CCPO: divide each agent's group-centred reward by its group std + 1e-6
+        (official `norm_adv_by_std_in_grpo=False`).
+    ccpo_credited_agent (`str`, defaults to `"thinker"`): CCPO: the `step_modules` name of the agent that gets the
+        counterfactual credit (official: the Thinker); every other turn gets the team reward's advantage.
+
     > mc_grpo
     mc_grpo_scale (`str`, defaults to `"mad"`): MC-GRPO: divide `r − median` by the group's median absolute
         deviation + 1e-3 (`"mad"`, the official code) or not (`"none"`); with binary rewards MAD is 0, see the docstring.
@@ -142,6 +157,13 @@ class AdvantageArgs:
         steps, `"mean"` (centre only) or `"none"`.
     gagpo_reward_source (`str`, defaults to `"outcome"`): GAGPO: the episode reward on the last step (`"outcome"`)
         or the environment's step rewards (`"steps"`).
+    mmgrpo_grouping (`str`, defaults to `"truncate"`): mmGRPO: which LM calls form the groups when rollouts call a
+        module different numbers of times: `"truncate"` (dspy's default: only the first `min` calls of the module,
+        over the prompt's scored rollouts, are trained; a module some rollout never called is not trained for that
+        prompt) or `"ragged"` (the j-th call of a module is grouped with the rollouts that made a j-th call; the
+        official `ragged` mode crashes on that case, see `advantages/mmgrpo.py`).
+    mmgrpo_scale (`bool`, defaults to `False`): mmGRPO: divide by the group's unbiased std + 1e-4 (Arbor
+        `scale_rewards`, default off: Dr.GRPO-style centring only).
     """
 
     advantage_estimator: str = field(
@@ -280,6 +302,11 @@ class AdvantageArgs:
     gagpo_reward_source: str = field(
         default="outcome", metadata={"help": "GAGPO: episode reward on the last step ('outcome') or 'steps'."}
     )
+    # mmgrpo
+    mmgrpo_grouping: str = field(
+        default="truncate", metadata={"help": "mmGRPO: 'truncate' (dspy default) or 'ragged' variable-call groups."}
+    )
+    mmgrpo_scale: bool = field(default=False, metadata={"help": "mmGRPO: divide by the group std + 1e-4 (Arbor off)."})
     # papo
     papo_outcome_reward_index: int = field(
         default=0, metadata={"help": "PAPO: position of the outcome verifier in reward_funcs (0)."}
@@ -297,4 +324,19 @@ class AdvantageArgs:
     )
     verigate_process_reward_index: int = field(
         default=1, metadata={"help": "VeriGate: position of the process reward model in reward_funcs (1)."}
+    )
+    # ccpo
+    ccpo_lambda: float = field(default=0.2, metadata={"help": "CCPO: weight of the counterfactual bonus (0.2)."})
+    ccpo_credit: str = field(
+        default="event", metadata={"help": "CCPO: 'event' (official), 'delta' or 'marginal' (abstract)."}
+    )
+    ccpo_solo_baseline: str = field(
+        default="group", metadata={"help": "CCPO: counterfactual baseline 'group' mean (official) or 'row'."}
+    )
+    ccpo_outcome: str = field(
+        default="sign", metadata={"help": "CCPO: 'sign' verifier outcome +-1 (official) or 'raw' rewards."}
+    )
+    ccpo_scale: bool = field(default=False, metadata={"help": "CCPO: divide by the group std + 1e-6 (official off)."})
+    ccpo_credited_agent: str = field(
+        default="thinker", metadata={"help": "CCPO: step_modules name of the agent given the counterfactual credit."}
     )

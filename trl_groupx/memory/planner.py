@@ -31,7 +31,8 @@ width, `V` vocab, `r` LoRA rank, `B` per_device_train_batch_size, `T_p`/`T_c` pr
 * fragmentation: the transient terms times `fragmentation` (1.1); CUDA context `cuda_context_gib` (0.5 GiB).
 * dGRPO teacher (`teacher`, trl_groupx `opd_teacher_model`): its weights in the policy's dtype (bf16 under a 4-bit
   or FP8 policy), resident; its no-grad log-prob pass (TRL's path: one layer + the head, as above, with the
-  teacher's sizes) is transient, taken as the larger of it and the training step's activations + head.
+  teacher's sizes) is transient, taken as the larger of it and the training step's activations + head. RTO's DPO
+  model (trl_groupx `rto_dpo_model`) is loaded and run the same way and planned as this teacher (one of the two).
 """
 
 from __future__ import annotations
@@ -779,8 +780,10 @@ def plan_from_config(grpo_config, model_args=None, *, model=None, prompt_length:
         vllm_importance_sampling_correction=bool(c.vllm_importance_sampling_correction),
         gpu_memory_gib=gpu_memory_gib,
         suggest=suggest,
-        # dGRPO: the teacher is loaded only when its coefficient is non-zero (trl_groupx/objective/dgrpo.py)
-        teacher_model=getattr(c, "opd_teacher_model", None) if getattr(c, "opd_coef", 0) else None,
+        # dGRPO: the teacher is loaded only when its coefficient is non-zero (trl_groupx/objective/dgrpo.py); RTO's
+        # frozen DPO model (trl_groupx/token_weights/rto.py) is loaded and run the same way
+        teacher_model=(getattr(c, "opd_teacher_model", None) if getattr(c, "opd_coef", 0) else None)
+        or (getattr(c, "rto_dpo_model", None) if getattr(c, "token_weighting", None) == "rto" else None),
         **constants,
     )
     plan.notes[:0] = notes

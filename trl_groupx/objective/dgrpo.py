@@ -146,10 +146,6 @@ def load_teacher(trainer: Any) -> torch.nn.Module | None:
     and placed as TRL places its reference model (DeepSpeed, FSDP or `accelerator.prepare_model(evaluation_mode=True)`,
     which puts it on the trainer's device). Raises `ValueError` naming the flag and the fix otherwise.
     """
-    from accelerate.utils import is_peft_model
-    from trl.models import prepare_deepspeed, prepare_fsdp
-    from trl.trainer.utils import add_fused_lm_head, create_model_from_path, disable_dropout_in_model
-
     args = trainer.args
     path = args.opd_teacher_model
     if args.opd_coef == 0:
@@ -160,9 +156,22 @@ def load_teacher(trainer: Any) -> torch.nn.Module | None:
             "pass the model id or local path of a stronger model with the student's tokenizer, or set opd_coef=0 "
             "for plain GRPO."
         )
+    return load_frozen_model(trainer, path)
+
+
+def load_frozen_model(trainer: Any, path: str, flag: str = "opd_teacher_model",
+                      role: str = "teacher") -> torch.nn.Module:
+    """A frozen second causal LM that scores the policy's sampled tokens (dGRPO's teacher, RTO's DPO model), loaded
+    from `path` as `load_teacher` describes; errors name `flag` (the config field that gave `path`) and `role`."""
+    from accelerate.utils import is_peft_model
+    from trl.models import prepare_deepspeed, prepare_fsdp
+    from trl.trainer.utils import add_fused_lm_head, create_model_from_path, disable_dropout_in_model
+
+    args = trainer.args
     student = trainer.accelerator.unwrap_model(trainer.model)
     student = student.get_base_model() if is_peft_model(student) else student
-    check_teacher_tokenizer(path, trainer.processing_class, trust_remote_code=args.trust_remote_code)
+    check_teacher_tokenizer(path, trainer.processing_class, trust_remote_code=args.trust_remote_code, flag=flag,
+                            role=role)
     try:
         teacher = create_model_from_path(
             path, dtype=student.dtype, attn_implementation=student.config._attn_implementation,
@@ -170,10 +179,10 @@ def load_teacher(trainer: Any) -> torch.nn.Module | None:
         )
     except (OSError, ValueError) as err:
         raise ValueError(
-            f"opd_teacher_model={path!r} could not be loaded as a causal LM ({err}); pass a model id or a local "
-            "folder holding the teacher's config and weights."
+            f"{flag}={path!r} could not be loaded as a causal LM ({err}); pass a model id or a local "
+            f"folder holding the {role}'s config and weights."
         ) from err
-    check_teacher_vocab(path, teacher, student)
+    check_teacher_vocab(path, teacher, student, flag=flag, role=role)
     if args.disable_dropout:
         disable_dropout_in_model(teacher)
     teacher.requires_grad_(False)
@@ -186,9 +195,10 @@ def load_teacher(trainer: Any) -> torch.nn.Module | None:
     return trainer.accelerator.prepare_model(teacher, evaluation_mode=True)
 
 
-def check_teacher_tokenizer(path: str, processing_class: Any, trust_remote_code: bool = False) -> None:
+def check_teacher_tokenizer(path: str, processing_class: Any, trust_remote_code: bool = False,
+                            flag: str = "opd_teacher_model", role: str = "teacher") -> None:
     """The teacher's tokenizer must map every token to the same id as the student's: the teacher scores the
-    student's token ids."""
+    student's token ids. `flag` and `role` name the config field and the model in the errors."""
     from transformers import AutoTokenizer
 
     student_tok = getattr(processing_class, "tokenizer", processing_class)
@@ -196,28 +206,29 @@ def check_teacher_tokenizer(path: str, processing_class: Any, trust_remote_code:
         teacher_tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
         raise ValueError(
-            f"opd_teacher_model={path!r}: no tokenizer could be loaded from it ({err}); the teacher scores the "
+            f"{flag}={path!r}: no tokenizer could be loaded from it ({err}); the {role} scores the "
             "student's token ids, so it must ship the student's tokenizer. Save the student's tokenizer with it."
         ) from err
     if teacher_tok.get_vocab() != student_tok.get_vocab():
         ids_s, ids_t = student_tok.get_vocab(), teacher_tok.get_vocab()
         differing = sorted(k for k in ids_s.keys() | ids_t.keys() if ids_s.get(k) != ids_t.get(k))
         raise ValueError(
-            f"opd_teacher_model={path!r} has a different tokenizer than the student ({len(ids_t)} vs {len(ids_s)} "
-            f"tokens; e.g. {differing[:5]} map to other ids): the teacher scores the student's token ids, so pick a "
-            "teacher of the same model family (same tokenizer)."
+            f"{flag}={path!r} has a different tokenizer than the student ({len(ids_t)} vs {len(ids_s)} "
+            f"tokens; e.g. {differing[:5]} map to other ids): the {role} scores the student's token ids, so pick a "
+            f"{role} of the same model family (same tokenizer)."
         )
 
 
-def check_teacher_vocab(path: str, teacher: torch.nn.Module, student: torch.nn.Module) -> None:
+def check_teacher_vocab(path: str, teacher: torch.nn.Module, student: torch.nn.Module,
+                        flag: str = "opd_teacher_model", role: str = "teacher") -> None:
     """The teacher's logits must cover every id the student can sample (`vocab_size` of the teacher ≥ the
     student's; larger, e.g. padded embedding tables of the same tokenizer, is fine: only sampled ids are read)."""
     v_teacher = teacher.config.get_text_config().vocab_size
     v_student = student.config.get_text_config().vocab_size
     if v_teacher < v_student:
         raise ValueError(
-            f"opd_teacher_model={path!r} has vocab_size {v_teacher} but the student has {v_student}: the student can "
-            "sample token ids the teacher cannot score. Use a teacher of the same model family with at least the "
+            f"{flag}={path!r} has vocab_size {v_teacher} but the student has {v_student}: the student can "
+            f"sample token ids the {role} cannot score. Use a {role} of the same model family with at least the "
             "student's vocab_size."
         )
 

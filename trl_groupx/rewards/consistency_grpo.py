@@ -34,7 +34,9 @@ class StabilityReward:
     Groups: the ``paraphrase_id`` column; without it (or ``None`` cells) the prompt text is the id (samples of one
     prompt). Only the completions that TRL hands to one call are compared: for paraphrase groups spread across
     processes or batches, put each paraphrase group in one batch (the catalog's ``group_key="paraphrase_id"`` data
-    stage, which this reward does not implement). Empty answers count as their own (empty) content.
+    stage, which this reward does not implement; ``rollout_filter="consistency_grpo"`` makes each GRPO group the
+    rollouts of one row's paraphrases and sets ``paraphrase_id`` to the group). Empty answers count as their own
+    (empty) content.
     """
 
     __name__ = "stability_reward"

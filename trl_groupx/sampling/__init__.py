@@ -27,10 +27,16 @@ def apply_keep_mask(rewards: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 
 __all__ = ["RolloutBatch", "apply_keep_mask"]
 
-from . import d3s, gfpo, zero_variance_filter  # noqa: F401  (registers the variants)
-from . import dapo_dynamic_sampling  # noqa: F401  (registers the variant)
-from . import gcpo_ref  # noqa: F401  (registers the variant)
-from . import vade  # noqa: F401  (registers the variant and its prompt selection)
-from . import spo_prioritized  # noqa: F401  (registers the variant and its prompt selection)
-from . import igrpo  # noqa: F401  (registers the variant)
-from . import rc_grpo  # noqa: F401  (registers the variant)
+from . import (  # noqa: F401  (registers the variants)
+    consistency_grpo,  # noqa: F401  (registers the variant)
+    d3s,
+    dapo_dynamic_sampling,  # noqa: F401  (registers the variant)
+    gcpo_ref,  # noqa: F401  (registers the variant)
+    gfpo,
+    igrpo,  # noqa: F401  (registers the variant)
+    rc_grpo,  # noqa: F401  (registers the variant)
+    sage,  # noqa: F401  (registers the variant)
+    spo_prioritized,  # noqa: F401  (registers the variant and its prompt selection)
+    vade,  # noqa: F401  (registers the variant and its prompt selection)
+    zero_variance_filter,
+)

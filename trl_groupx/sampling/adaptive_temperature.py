@@ -45,13 +45,13 @@ Log-probs: TRL computes the ratio's, KL's and entropies' log-probs with a forwar
 vLLM log-probs only feed a diagnostic. So with `num_iterations=1` the ratio is exactly 1 on the first update.
 
 Paper vs code, and choices:
-- Sign (`hapo_temperature_official_sign`, default True = the code): `scale_neg = 1/neg_min` with `neg_min < 0`
+- Sign (`hapo_temperature_official_sign`, default False = the paper): `scale_neg = 1/neg_min` with `neg_min < 0`
   makes `ĥ = |h|/|neg_min| ≥ 0` for every `h ≤ 0`, so the official sampler only ever raises the temperature, and
   raises it as much at the lowest-entropy tokens as at the highest (`T ≤ T_t ≤ T (1 + τ)`). The paper's
   description (exploration at high-entropy tokens, coherence at low-entropy ones) needs the signed `ĥ ∈ [−1, 1]`:
   `False` divides by `|neg_min|`, so low-entropy tokens are sampled colder (`T (1 − τ) ≤ T_t ≤ T (1 + τ)`, hence
-  τ < 1). Note: HAPO's token stage (`token_weighting="hapo"`) and clip (`hapo_clip_official_sign=False`) use the
-  paper's sign by default; this part follows the code by default.
+  τ < 1). The paper wins by default, as for HAPO's token stage (`token_weighting="hapo"`) and clip
+  (`hapo_clip_official_sign=False`), so the three parts read the entropy the same way; `True` reproduces the code.
 - Two entropies, as in the code: the statistics are of entropies at `T` (`dp_actor`), the per-step entropy of the
   raw logits (vLLM sampler); they coincide at the official `T = 1`.
 - The recorded entropies are those of the logits the processor sees, i.e. after any generation penalty
@@ -87,7 +87,7 @@ STATE_KEY = "hapo/adaptive_temperature"  # the statistics in `trainer.variant_st
 _STATS_EPS = 1e-8  # official compute_entropy_h `eps` (log floor, variance floor, scale floors)
 _SAMPLER_EPS = 1e-6  # official compute_entropy_based_temperature `eps` (log floor, added to s)
 _OWN_FIELDS = {"hapo_temperature_tau": 0.05, "hapo_temperature_entropy_pivot": 0.8,
-               "hapo_temperature_official_sign": True}
+               "hapo_temperature_official_sign": False}
 
 
 class EntropyStatistics(NamedTuple):

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from .consistency_grpo import DEFAULT_COLUMN as CONSISTENCY_GRPO_COLUMN
 from .igrpo import IGRPO_DRAFT_TEMPLATE
 from .rc_grpo import DEFAULT_CONDITION_MIX, DEFAULT_CONDITION_TOKENS
+from .sage import SAGE_HINT_INSTRUCTION, SAGE_HINT_REQUEST_TEMPLATE, SAGE_HINT_TEMPLATE
 
 
 @dataclass
@@ -81,6 +82,19 @@ class SamplingArgs:
         column holding each row's semantically equivalent prompt variants (a list in the format of `prompt`, at most
         `num_generations`); rollout `j` of a group answers variant `j mod V`, so the group is the paraphrases.
         Evaluation prompts are not rewritten. See `trl_groupx/sampling/consistency_grpo.py`.
+    sage_column (`str`, *optional*, defaults to `"solution"`):
+        SAGE (`rollout_filter="sage"`): dataset column holding each prompt's reference solution, the privileged
+        information the policy writes its hints from (never shown to reward functions or at evaluation).
+    sage_success_threshold (`float`, *optional*, defaults to `0.0`):
+        SAGE: a group is solved when one of its rollouts' weighted reward is strictly above this value (official:
+        `reward > 0`); unsolved groups are re-rolled under hint levels 1, 2, 3.
+    sage_hint_instruction (`str`, *optional*, defaults to `SAGE_HINT_INSTRUCTION`):
+        SAGE: system text of the hint request (three hint levels as a JSON object with keys `level_1..level_3`).
+    sage_hint_request_template (`str`, *optional*, defaults to `"Question:\n{question}\n\nSolution:\n{solution}\n"`):
+        SAGE: user text of the hint request; `{question}` and `{solution}` are replaced.
+    sage_hint_template (`str`, *optional*, defaults to `"\n\nHere is a hint to help you:\n{hint}"`):
+        SAGE: appended to a re-rolled group's prompt (its last user message); `{hint}` is replaced by the level's
+        hint. See `trl_groupx/sampling/sage.py`.
     hapo_adaptive_temperature (`bool`, *optional*, defaults to `False`):
         HAPO's Adaptive Temperature Sampling (part of the `hapo` catalog id; on in its registry flags): each token
         is sampled at `temperature · (1 + τ ĥ)`, `ĥ` its next-token entropy normalised by the previous training
@@ -91,9 +105,11 @@ class SamplingArgs:
         with `hapo_temperature_official_sign=False`.
     hapo_temperature_entropy_pivot (`float`, *optional*, defaults to `0.8`):
         HAPO: quantile of the previous batch's log-entropies taken as the pivot `m` (official `entropy_pivot`).
-    hapo_temperature_official_sign (`bool`, *optional*, defaults to `True`):
-        HAPO: the official sampler's `ĥ ≥ 0` (temperature only raised, most at the lowest and highest entropies);
-        `False` = the paper's signed `ĥ` (colder at low-entropy tokens, hotter at high-entropy ones).
+    hapo_temperature_official_sign (`bool`, *optional*, defaults to `False`):
+        HAPO: `False` = the paper's signed `ĥ` (colder at low-entropy tokens, hotter at high-entropy ones), the
+        reading HAPO's other two parts use too (`token_weighting="hapo"`, `hapo_clip_official_sign=False`);
+        `True` = the official sampler's `ĥ ≥ 0` (temperature only raised, most at the lowest and highest
+        entropies; `scale_neg = 1/neg_min` in the code).
     """
 
     rollout_filter: str | None = field(
@@ -159,6 +175,23 @@ class SamplingArgs:
         default=CONSISTENCY_GRPO_COLUMN,
         metadata={"help": "consistency_grpo: dataset column with each row's list of paraphrased prompts."},
     )
+    sage_column: str = field(
+        default="solution", metadata={"help": "SAGE: dataset column with the reference solution hints come from."}
+    )
+    sage_success_threshold: float = field(
+        default=0.0, metadata={"help": "SAGE: a group is solved when a rollout's reward is strictly above this."}
+    )
+    sage_hint_instruction: str = field(
+        default=SAGE_HINT_INSTRUCTION, metadata={"help": "SAGE: system text of the hint request (JSON, 3 levels)."}
+    )
+    sage_hint_request_template: str = field(
+        default=SAGE_HINT_REQUEST_TEMPLATE,
+        metadata={"help": "SAGE: user text of the hint request; '{question}' and '{solution}' are replaced."},
+    )
+    sage_hint_template: str = field(
+        default=SAGE_HINT_TEMPLATE,
+        metadata={"help": "SAGE: appended to a re-rolled group's prompt; '{hint}' is replaced by the hint."},
+    )
     hapo_adaptive_temperature: bool = field(
         default=False, metadata={"help": "HAPO: per-token sampling temperature from the next-token entropy."}
     )
@@ -169,7 +202,7 @@ class SamplingArgs:
         default=0.8, metadata={"help": "HAPO adaptive temperature: pivot quantile of the previous batch's entropies."}
     )
     hapo_temperature_official_sign: bool = field(
-        default=True, metadata={"help": "HAPO adaptive temperature: official unsigned h_hat (False = paper's sign)."}
+        default=False, metadata={"help": "HAPO adaptive temperature: official unsigned h_hat (default: paper's sign)."}
     )
 
     def __post_init__(self) -> None:

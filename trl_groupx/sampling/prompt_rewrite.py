@@ -2,7 +2,8 @@
 
 `GRPOTrainer._generate_and_score_completions` calls the active sampling variant's rewriter on the batch's rows
 (training only); TRL then generates, scores and trains every rollout under the rewritten prompt. iGRPO appends each
-group's best draft (`best_draft.py`), RC-GRPO a reward-goal token per rollout (`reward_tokens.py`).
+group's best draft (`best_draft.py`), RC-GRPO a reward-goal token per rollout (`reward_tokens.py`),
+consistency_grpo one of the row's paraphrases per rollout (`paraphrase_groups.py`).
 """
 
 from __future__ import annotations
@@ -25,4 +26,8 @@ def prompt_rewriter(variant: Any) -> Rewriter | None:
         from .reward_tokens import condition_on_reward_tokens
 
         return condition_on_reward_tokens
+    if variant_id == "consistency_grpo":
+        from .paraphrase_groups import assign_paraphrase_prompts
+
+        return assign_paraphrase_prompts
     return None

@@ -49,6 +49,11 @@ def validate(config: Any) -> None:
         raise ValueError(f"{MIX_FLAG}={mix!r} must give one non-negative share per token of {TOKENS_FLAG} "
                          f"({len(tokens)} here), summing to 1: the fraction of each group's rollouts conditioned on "
                          f"that token (RC-GRPO: {list(DEFAULT_CONDITION_MIX)}).")
+    if getattr(config, "use_vllm", False) and getattr(config, "vllm_mode", "colocate") == "server":
+        raise ValueError(f"rollout_filter={VARIANT_ID!r} gives each rollout of a group its own condition token, and "
+                         "TRL's vllm_mode='server' generates all of a group's completions from the group's first "
+                         "prompt (trl/generation/vllm_generation.py, `all_prompts[::num_generations]`). Use "
+                         "vllm_mode='colocate' (one completion per row) or use_vllm=False.")
     estimator = getattr(config, "advantage_estimator", "grpo")
     if estimator not in (None, "grpo"):
         keyed = {"prompt_keys", "prompt_kl"} & set(get_variant(estimator).requires)

@@ -10,6 +10,7 @@ from .blockwise_adv import blockwise_adv_token_advantages
 from .d3s_token import d3s_token_advantages
 from .dcpo import dcpo_token_advantages
 from .edge_grpo import edge_grpo_token_advantages
+from .frpo import frpo_token_advantages
 from .gcpo_guidance import gcpo_guidance_token_advantages
 from .gtpo import gtpo_token_advantages
 from .gtpo_conflict import gtpo_conflict_token_advantages
@@ -19,12 +20,12 @@ from .mu_grpo import mu_grpo_token_advantages
 from .nat import nat_token_advantages
 from .otb import otb_token_advantages
 from .rs_grpo import rs_grpo_token_advantages
+from .rto import rto_token_advantages
 from .s_grpo_tspmo import s_grpo_tspmo_token_advantages
 from .stapo import stapo_token_advantages
-from .frpo import frpo_token_advantages
-from .wapo import wapo_token_advantages
 from .temporal_credit import temporal_credit_token_advantages
 from .tw_grpo import tw_grpo_token_advantages
+from .wapo import wapo_token_advantages
 
 __all__ = [
     "gtpo_token_advantages",
@@ -46,4 +47,5 @@ __all__ = [
     "gcpo_guidance_token_advantages",
     "tw_grpo_token_advantages",
     "dcpo_token_advantages",
+    "rto_token_advantages",
 ]

@@ -147,6 +147,17 @@ class TokenWeightArgs:
         `a = min(|H0 − H|, cap) / q` (hard-coded 0.1 in the official code).
     dcpo_success_threshold (`float`, defaults to `0.05`): a completion is successful (`b = 1`, gets the target
         term) when its reward exceeds it (official 0.05).
+
+    > rto
+    rto_dpo_model (`str` or `None`, defaults to `None`): model id or local path of the DPO-trained model whose
+        implicit reward gives the token rewards (the policy's tokenizer; trained by DPO from the policy's initial
+        model, which is the reference of the token rewards). Required by `token_weighting="rto"`.
+    rto_dpo_reward_scale (`float`, defaults to `0.05`): β1, the scale of the token rewards
+        `β1 (log π_dpo − log π_ref)` (official `--dpo_reward_scale`, 0.05 in the paper's script).
+    rto_dpo_reward_clip (`float`, defaults to `0.05`): each scaled token reward is clipped to `±clip`; 0 = no clip
+        (official `--dpo_reward_clip`, 0.05 in the paper's script).
+    rto_kl_coef (`float`, defaults to `0.01`): coefficient of the reward-side KL penalty `−coef (log π_old −
+        log π_ref)` added to each token's reward (official `--init_kl_coef` 0.01); 0 = none.
     """
 
     token_weighting: str | None = field(
@@ -288,3 +299,12 @@ class TokenWeightArgs:
     dcpo_success_threshold: float = field(
         default=0.05, metadata={"help": "DCPO: reward above which a completion gets the target term."}
     )
+    # rto
+    rto_dpo_model: str | None = field(
+        default=None, metadata={"help": "RTO: DPO-trained model id or path (the policy's tokenizer)."}
+    )
+    rto_dpo_reward_scale: float = field(default=0.05, metadata={"help": "RTO: β1, scale of the DPO token rewards."})
+    rto_dpo_reward_clip: float = field(
+        default=0.05, metadata={"help": "RTO: clip of each scaled DPO token reward to ±clip; 0 = no clip."}
+    )
+    rto_kl_coef: float = field(default=0.01, metadata={"help": "RTO: reward-side KL coefficient per token; 0 = none."})

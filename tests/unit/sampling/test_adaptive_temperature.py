@@ -178,10 +178,11 @@ def test_its_fields_need_the_flag():
     with pytest.raises(ValueError, match="hapo_temperature_tau=0.1 only applies with hapo_adaptive_temperature=True"):
         _config(hapo_temperature_tau=0.1)
     with pytest.raises(ValueError, match="hapo_temperature_official_sign"):
-        _config(hapo_temperature_official_sign=False)
+        _config(hapo_temperature_official_sign=True)
 
 
 def test_valid_settings_construct():
-    _config(hapo_adaptive_temperature=True, hapo_temperature_tau=3.0)  # official sign: T(1 + τ ĥ) ≥ T for any τ
+    _config(hapo_adaptive_temperature=True, hapo_temperature_tau=3.0,
+            hapo_temperature_official_sign=True)  # official sign: T(1 + τ ĥ) ≥ T for any τ
     _config(hapo_adaptive_temperature=True, hapo_temperature_tau=0.0)
     _config(hapo_adaptive_temperature=True, hapo_temperature_tau=0.5, hapo_temperature_official_sign=False)

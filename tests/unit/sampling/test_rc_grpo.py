@@ -213,10 +213,15 @@ def test_defaults_are_the_papers():
     ({"rc_grpo_condition_mix": [1.5, -0.5]}, "rc_grpo_condition_mix"),
     ({"rc_grpo_condition_mix": [float("nan"), 1.0]}, "rc_grpo_condition_mix"),
     ({"advantage_estimator": "spo_single"}, "advantage_estimator='spo_single'.*prompt_keys"),
+    ({"use_vllm": True, "vllm_mode": "server"}, r"vllm_mode='server'.*Use vllm_mode='colocate'"),
 ])
 def test_bad_flags_fail_at_construction(flags, match):
     with pytest.raises(ValueError, match=match):
         config(**flags)
+
+
+def test_vllm_colocate_is_accepted():
+    config(use_vllm=True, vllm_mode="colocate")  # one completion per row: each keeps its own condition token
 
 
 def test_flags_without_the_variant_are_orphans():
