@@ -37,6 +37,7 @@ from . import (  # noqa: F401  (registers the variants)
     rc_grpo,  # noqa: F401  (registers the variant)
     sage,  # noqa: F401  (registers the variant)
     spo_prioritized,  # noqa: F401  (registers the variant and its prompt selection)
+    v0_value,  # noqa: F401  (registers the variant and its prompt selection)
     vade,  # noqa: F401  (registers the variant and its prompt selection)
     zero_variance_filter,
 )
