@@ -94,6 +94,8 @@ def measure(name: str, flags: dict, steps: int, tmp: Path) -> dict:
     sizes = batch_flags(flags)
     # the toy dataset's reference column (ours only: TRL has no such field)
     column = {"gcpo_ref_column": "answer"} if "gcpo_ref_column" in flags else {}
+    if flags.get("edge_grpo_gec"):  # EDGE-GRPO's guided correction: the toy's only reference column, for both
+        column.update(edge_grpo_gec_answer_column="answer", edge_grpo_gec_solution_column="answer")
     if "sage_column" in flags:  # SAGE: the toy dataset's reference column
         column["sage_column"] = "answer"
     if "teacher_logps" in requires:  # dGRPO's teacher: the tiny model itself (the student's tokenizer)
@@ -167,6 +169,8 @@ def what_it_adds(name: str) -> str:
     extra = [parts[variant.stage]]
     if selection_for(name) is not None:  # prompt selection: chooses the prompts, keeps every rollout
         extra = ["a prompt choice before generation"]
+        if "v0_value_predictor" in variant.params:
+            extra.append("the value predictor scores every candidate prompt (built-in kNN over the run's history)")
     elif "gcpo_ref_column" in variant.params:
         extra = ["a reference completion re-scored for all-fail groups"]
     elif "consistency_grpo_column" in variant.params:
@@ -181,6 +185,8 @@ def what_it_adds(name: str) -> str:
     if one_forward and variant.stage == "token_weights":
         extra.append("one no-grad forward for rollout log-probs/entropies")
     extra += [what for need, what in EXTRA_WORK.items() if need in variant.requires]
+    if variant.flags.get("edge_grpo_gec"):
+        extra.append("guided error correction: failed rollouts' completions rewritten, re-scored, log-probs redone")
     if variant.flags.get("hapo_adaptive_temperature"):
         extra.append("a per-token temperature at every decoding step (one softmax entropy per step)")
     if variant.flags.get("importance_sampling_level") == "turn":

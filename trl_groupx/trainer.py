@@ -68,7 +68,8 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
         check_model_for_flags(self)
         active = self.args.active_variants() if isinstance(self.args, GRPOConfig) else {}
         self.variants: dict[str, Variant] = {stage: get_variant(vid) for stage, vid in active.items()}
-        self._rewrites_rollouts = bool({"sampling", "advantages", "token_weights"} & self.variants.keys())
+        self._rewrites_rollouts = bool({"sampling", "advantages", "token_weights"} & self.variants.keys()) or getattr(
+            self.args, "edge_grpo_gec", False)  # GEC re-scores rows: the advantages are recomputed from its rewards
         check_variant_components(self, self.variants)
         # A TRL loss type with a non-default KL term (estimator, asymmetric beta) runs through our reference of that
         # loss (same numbers otherwise).
@@ -155,6 +156,10 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             from .sampling.reference_injection import inject_reference_solutions
 
             output = inject_reference_solutions(self, inputs, output)
+        if getattr(self.args, "edge_grpo_gec", False) and self.model.training:  # EDGE-GRPO GEC: correct wrong responses
+            from .sampling.edge_grpo_gec import apply_gec
+
+            output = apply_gec(self, inputs, output)
         if self._rewrites_rollouts:
             self._rollout_inputs = inputs  # the batch's rows (gcpo_guidance builds negative prompts from them)
             self._steps = self._collect_steps(inputs) if self._needs_steps else None
@@ -370,7 +375,8 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             if not torch.isfinite(advantages).all():
                 raise ValueError(f"advantage_estimator={variant.id!r} returned non-finite advantages.")
             return result
-        if "sampling" in self.variants:  # rewards changed (dropped rollouts): recompute TRL's formula
+        if "sampling" in self.variants or getattr(self.args, "edge_grpo_gec", False):  # rewards changed (dropped
+            # rollouts, GEC's re-scored rows): recompute TRL's formula
             if self.multi_objective_aggregation == "normalize_then_sum":
                 return decoupled_normalized_advantages(rewards_per_func, group_size, reward_weights=self.reward_weights)
             return group_normalized_advantages(rewards, group_size, scale_rewards=self.scale_rewards)

@@ -82,6 +82,9 @@ def build(variant, tmp_path, rewards, **overrides):
         extra["rollout_func"] = make_two_agent_rollout()
     if "gcpo_ref_column" in variant.params:  # the toy dataset's reference column
         overrides.setdefault("gcpo_ref_column", "answer")
+    if variant.flags.get("edge_grpo_gec"):  # EDGE-GRPO's guided correction: the toy's one reference column for both
+        overrides.setdefault("edge_grpo_gec_answer_column", "answer")
+        overrides.setdefault("edge_grpo_gec_solution_column", "answer")
     if "sage_column" in variant.params:  # SAGE: the toy dataset's reference column
         overrides.setdefault("sage_column", "answer")
     if "teacher_logps" in variant.requires:  # dGRPO's teacher: the tiny model itself (the student's tokenizer)

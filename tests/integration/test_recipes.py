@@ -25,7 +25,9 @@ CPU_OVERRIDES = ["--bf16", "false", "--use_cpu", "true", "--gradient_checkpointi
 TOY_OVERRIDES = {
     "gtpo_conflict": ["--gtpo_conflict_entropy_max", "10.0"],  # toy entropies ~2.3 nats: 0.7 would drop everything
     "lopti": ["--temperature", "1.0"],  # at 0.7 the toy model's groups are all-equal: nothing to learn in one step
-    "edge_grpo": ["--temperature", "1.0"],  # same, at 0.6
+    "edge_grpo": ["--temperature", "1.0",  # same, at 0.6
+                  # GEC: the toy dataset's reference column (the recipe's: solution)
+                  "--edge_grpo_gec_answer_column", "answer", "--edge_grpo_gec_solution_column", "answer"],
     "thinkless": ["--temperature", "1.0"],  # same, at 0.6
     "gcpo_ref": ["--gcpo_ref_column", "answer"],  # the toy dataset's reference column (the recipe's: solution)
     "sage": ["--sage_column", "answer"],  # the toy dataset's reference column (the recipe's: solution)

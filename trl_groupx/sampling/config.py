@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .consistency_grpo import DEFAULT_COLUMN as CONSISTENCY_GRPO_COLUMN
+from .edge_grpo_gec import ANSWER_TEMPLATE as GEC_ANSWER_TEMPLATE
 from .igrpo import IGRPO_DRAFT_TEMPLATE
 from .rc_grpo import DEFAULT_CONDITION_MIX, DEFAULT_CONDITION_TOKENS
 from .sage import SAGE_HINT_INSTRUCTION, SAGE_HINT_REQUEST_TEMPLATE, SAGE_HINT_TEMPLATE
@@ -61,6 +62,18 @@ class SamplingArgs:
     vade_decay_fast (`float`, *optional*, defaults to `0.8`):
         VADE: a revisited prompt's evidence is further scaled by this before its new group is added (fast scale;
         our choice). In (0, 1].
+    v0_value_predictor (`str`, *optional*, defaults to `"knn"`):
+        V₀ (`rollout_filter="v0_value"`): registered name of the value model predicting each candidate prompt's
+        success rate from the run's (prompt, success rate) context (`register_value_predictor(name, model)`, e.g. a
+        loaded official `V0`); `"knn"` is a built-in toy predictor. See `trl_groupx/sampling/v0_value.py`.
+    v0_value_epsilon (`float`, *optional*, defaults to `0.05`):
+        V₀: prompts predicted within this of 0 or 1 are skipped (our choice), in [0, 0.5).
+    v0_value_context_size (`int`, *optional*, defaults to `256`):
+        V₀: most (prompt, observed success rate) pairs kept in the context (256: V₀'s demo).
+    v0_value_pool_size (`int`, *optional*, defaults to `0`):
+        V₀: candidates scored per generation batch, drawn from the dataset; 0 = the whole dataset.
+    v0_value_success_threshold (`float`, *optional*, defaults to `1.0`):
+        V₀: a rollout whose weighted reward is at least this value is a success of its prompt.
     igrpo_num_drafts (`int` or `None`, *optional*, defaults to `None`):
         iGRPO (`rollout_filter="igrpo"`): stage-1 drafts sampled per prompt, the best of which is appended to the
         prompt for the trained stage-2 rollouts; `None` = `num_generations` (our choice; the paper's k is not known
@@ -110,6 +123,27 @@ class SamplingArgs:
         reading HAPO's other two parts use too (`token_weighting="hapo"`, `hapo_clip_official_sign=False`);
         `True` = the official sampler's `ĥ ≥ 0` (temperature only raised, most at the lowest and highest
         entropies; `scale_neg = 1/neg_min` in the code).
+    edge_grpo_gec (`bool`, *optional*, defaults to `False`):
+        EDGE-GRPO's Guided Error Correction (part of the `edge_grpo` catalog id, with `token_weighting="edge_grpo"`):
+        every scored training response below `edge_grpo_gec_target_reward` whose prompt is shorter than
+        `edge_grpo_gec_max_prompt_tokens` is corrected with the reference (answer or solution branch), re-scored
+        and trained on. The reflect branch (policy continuation) is not implemented: its rows stay as generated.
+        See `trl_groupx/sampling/edge_grpo_gec.py`.
+    edge_grpo_gec_answer_column (`str`, *optional*, defaults to `"answer"`):
+        GEC: dataset column with each prompt's final answer (the answer branch appends it in `\boxed{}`).
+    edge_grpo_gec_solution_column (`str`, *optional*, defaults to `"solution"`):
+        GEC: dataset column with each prompt's reference solution (the solution branch replaces the response).
+    edge_grpo_gec_answer_template (`str`, *optional*, defaults to the official text):
+        GEC: appended to a wrong response in the answer branch; `{answer}` is replaced (official: `"\nWait! Something
+        is wrong here. After verification, the correct answer is \\boxed{answer}."`).
+    edge_grpo_gec_answer_share (`float`, *optional*, defaults to `0.25`):
+        GEC: probability that a selected response takes the answer branch (official 1/4).
+    edge_grpo_gec_solution_share (`float`, *optional*, defaults to `0.25`):
+        GEC: probability of the solution branch (official 1/4); the rest (official 1/2) is the reflect branch.
+    edge_grpo_gec_target_reward (`float`, *optional*, defaults to `2.0`):
+        GEC: the weighted reward of a fully correct response (official 2 = format + accuracy); below it = corrected.
+    edge_grpo_gec_max_prompt_tokens (`int`, *optional*, defaults to `256`):
+        GEC: only rows whose prompt has fewer tokens are corrected (official 256).
     """
 
     rollout_filter: str | None = field(
@@ -154,6 +188,21 @@ class SamplingArgs:
     )
     vade_decay_fast: float = field(
         default=0.8, metadata={"help": "VADE: extra decay of a revisited prompt's posterior, in (0, 1]."}
+    )
+    v0_value_predictor: str = field(
+        default="knn", metadata={"help": "V₀: registered name of the value model ('knn' = built-in toy predictor)."}
+    )
+    v0_value_epsilon: float = field(
+        default=0.05, metadata={"help": "V₀: skip prompts predicted within this of 0 or 1, in [0, 0.5)."}
+    )
+    v0_value_context_size: int = field(
+        default=256, metadata={"help": "V₀: most (prompt, success rate) pairs in the context."}
+    )
+    v0_value_pool_size: int = field(
+        default=0, metadata={"help": "V₀: candidate prompts scored per generation batch (0 = whole dataset)."}
+    )
+    v0_value_success_threshold: float = field(
+        default=1.0, metadata={"help": "V₀: reward at or above which a rollout counts as a success."}
     )
     igrpo_num_drafts: int | None = field(
         default=None, metadata={"help": "iGRPO: stage-1 drafts per prompt (None = num_generations)."}
@@ -204,6 +253,31 @@ class SamplingArgs:
     hapo_temperature_official_sign: bool = field(
         default=False, metadata={"help": "HAPO adaptive temperature: official unsigned h_hat (default: paper's sign)."}
     )
+    edge_grpo_gec: bool = field(
+        default=False, metadata={"help": "EDGE-GRPO Guided Error Correction of wrong responses with the reference."}
+    )
+    edge_grpo_gec_answer_column: str = field(
+        default="answer", metadata={"help": "EDGE-GRPO GEC: dataset column with each prompt's final answer."}
+    )
+    edge_grpo_gec_solution_column: str = field(
+        default="solution", metadata={"help": "EDGE-GRPO GEC: dataset column with each prompt's reference solution."}
+    )
+    edge_grpo_gec_answer_template: str = field(
+        default=GEC_ANSWER_TEMPLATE,
+        metadata={"help": "EDGE-GRPO GEC: appended to a wrong response in the answer branch; '{answer}' is replaced."},
+    )
+    edge_grpo_gec_answer_share: float = field(
+        default=0.25, metadata={"help": "EDGE-GRPO GEC: probability of the answer branch (official 0.25)."}
+    )
+    edge_grpo_gec_solution_share: float = field(
+        default=0.25, metadata={"help": "EDGE-GRPO GEC: probability of the solution branch (official 0.25)."}
+    )
+    edge_grpo_gec_target_reward: float = field(
+        default=2.0, metadata={"help": "EDGE-GRPO GEC: reward of a fully correct response; below it = corrected."}
+    )
+    edge_grpo_gec_max_prompt_tokens: int = field(
+        default=256, metadata={"help": "EDGE-GRPO GEC: only prompts shorter than this are corrected (official 256)."}
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()  # type: ignore[misc]
@@ -216,3 +290,6 @@ class SamplingArgs:
         from .adaptive_temperature import validate as validate_adaptive_temperature
 
         validate_adaptive_temperature(self)
+        from .edge_grpo_gec import validate as validate_edge_grpo_gec
+
+        validate_edge_grpo_gec(self)

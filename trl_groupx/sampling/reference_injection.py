@@ -50,6 +50,7 @@ def replace_completions(
     completions: list[list[int]],
     pad_token_id: int,
     sequence_level_is: bool = False,
+    selector: str = f"rollout_filter={VARIANT_ID!r}",
 ) -> dict[str, Any]:
     """`output` with the completions of local `rows` replaced by `completions`; returns a new dict.
 
@@ -58,11 +59,12 @@ def replace_completions(
     vLLM importance ratio 1, and zero log-probs (placeholders, to be recomputed by the caller). Prompt-side
     tensors are unchanged (the prompt of a row stays its own). `advantages` and `num_items_in_batch` are left to
     the caller (the advantage stage recomputes the former; the latter depends on the gathered masks).
-    `sequence_level_is`: `importance_sampling_ratio` is `(B, 1)` (TRL's `sequence_*` modes), not widened."""
+    `sequence_level_is`: `importance_sampling_ratio` is `(B, 1)` (TRL's `sequence_*` modes), not widened.
+    `selector`: the flag named in errors (GCPO or EDGE-GRPO's GEC)."""
     unknown = set(output) - _KNOWN_KEYS
     if unknown:
         raise NotImplementedError(
-            f"rollout_filter={VARIANT_ID!r} cannot rewrite the generation outputs {sorted(unknown)} (multimodal "
+            f"{selector} cannot rewrite the generation outputs {sorted(unknown)} (multimodal "
             "inputs are not supported)."
         )
     out = dict(output)
@@ -160,7 +162,8 @@ def _recompute_logps(trainer: Any, output: dict[str, Any], rows: list[int]) -> N
         output["ref_per_token_logps"][index] = (ref * mask).to(output["ref_per_token_logps"].dtype)
 
 
-def raise_together(error: ValueError | None, accelerator: Any, column: str) -> None:
+def raise_together(error: ValueError | None, accelerator: Any, column: str,
+                   selector: str = f"rollout_filter={VARIANT_ID!r}") -> None:
     """Raise on every process when any process lacks a reference: the others would otherwise wait forever in the
     re-scoring gather. The process that found the empty row raises its own message."""
     failed = error is not None
@@ -169,6 +172,9 @@ def raise_together(error: ValueError | None, accelerator: Any, column: str) -> N
     if error is not None:
         raise error
     if failed:
+        if selector != f"rollout_filter={VARIANT_ID!r}":
+            raise ValueError(f"{selector}: another process found a row that needs a reference and has none in column "
+                             f"{column!r}; fill the column for every row or filter such rows out.")
         raise ValueError(
             f"rollout_filter={VARIANT_ID!r}: another process found a prompt whose rollouts all failed and that has no "
             f"reference solution in gcpo_ref_column={column!r}; fill the column for every row or filter such rows out."

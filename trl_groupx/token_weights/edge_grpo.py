@@ -24,8 +24,11 @@ def _validate(config) -> None:
     paper="EDGE-GRPO: Entropy-Driven GRPO with Guided Error Correction for Advantage Diversity, arXiv:2507.21848",
     official_code=_OFFICIAL,
     stage="token_weights",
-    flags={"token_weighting": "edge_grpo", "edge_grpo_eps": 1e-6, "loss_type": "bnpo", "beta": 0.0},
+    flags={"token_weighting": "edge_grpo", "edge_grpo_eps": 1e-6, "loss_type": "bnpo", "beta": 0.0,
+           # EDGE-GRPO's Guided Error Correction (sampling/edge_grpo_gec.py), a generation-output rewrite flag
+           "edge_grpo_gec": True},
     requires=("entropies",),
+    needs=("with edge_grpo_gec: answer and solution dataset columns",),
     params=("edge_grpo_eps",),
     validate=_validate,
 )
@@ -51,8 +54,9 @@ def edge_grpo_token_advantages(advantages: torch.Tensor, ctx: TokenContext, *, e
     - the official normaliser is the mean over the micro-batch gathered from all processes; with its script
       (8 processes × 1 completion, `num_generations=8`) that micro-batch is exactly one group, so we take the group
       mean (the paper's group-relative reading), independent of how the batch is split;
-    - Guided Error Correction (GEC, l.970-1074: replacing some wrong completions with guided / reference ones at
-      generation time) needs reference solutions and a generation hook; it is not part of this variant.
+    - Guided Error Correction (GEC, l.974-1061: wrong responses corrected with the reference answer or solution at
+      generation time) is the flag `edge_grpo_gec` (on in this id's flags; `trl_groupx/sampling/edge_grpo_gec.py`),
+      applied by the trainer after scoring, before this stage; its reflect branch is not implemented.
     Edge cases: NaN-reward (unscored) and empty completions get 0 and are left out of `P̄_g`; a group with no such
     member keeps advantage 0.
     """
