@@ -9,13 +9,13 @@ stage-2 prompt) and is the stage's filter, which keeps every rollout.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
 
 from ..contracts import RolloutBatch
 from ..registry import get_variant, register
+from .prompt_rewrite import append_to_prompt
 
 VARIANT_ID = "igrpo"
 #: What follows the original prompt in stage 2; `{draft}` is replaced by the best draft's text (our choice).
@@ -74,19 +74,7 @@ def conditioned_prompt(prompt: Any, draft: str, template: str = IGRPO_DRAFT_TEMP
     Text prompts: string concatenation. Conversational prompts: a copy whose last user message gets the text
     appended (a content-block list gets a text block); other messages are kept as they are."""
     suffix = template.replace(_DRAFT_FIELD, draft)
-    if isinstance(prompt, str):
-        return prompt + suffix
-    messages = copy.deepcopy(prompt)
-    users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
-    if not users:
-        raise ValueError(f"rollout_filter={VARIANT_ID!r}: a conversational prompt needs a user message to append the "
-                         "draft to.")
-    last = messages[users[-1]]
-    if isinstance(last["content"], str):
-        last["content"] = last["content"] + suffix
-    else:
-        last["content"] = [*last["content"], {"type": "text", "text": suffix}]
-    return messages
+    return append_to_prompt(prompt, suffix, selector=f"rollout_filter={VARIANT_ID!r}", what="draft")
 
 
 @register(

@@ -10,7 +10,6 @@ come first (RCTP) has its data utility and tokenizer helper in `rctp.py`.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import math
 import random
@@ -21,6 +20,7 @@ import torch
 
 from ..contracts import RolloutBatch
 from ..registry import get_variant, register
+from .prompt_rewrite import append_to_prompt
 
 VARIANT_ID = "rc_grpo"
 TOKENS_FLAG = "rc_grpo_prompt_condition_tokens"
@@ -116,19 +116,7 @@ def condition_prompt(prompt: Any, token: str) -> Any:
     """`prompt` carrying `token`: appended to a text prompt; for a conversational prompt, a copy whose last user
     message ends with it (a content-block list gets a text block). The same placement is used for the RCTP SFT rows
     (`rctp.reward_conditioned_sft_rows`), so RL conditions the policy exactly as it was fine-tuned."""
-    if isinstance(prompt, str):
-        return prompt + token
-    messages = copy.deepcopy(prompt)
-    users = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"]
-    if not users:
-        raise ValueError(f"rollout_filter={VARIANT_ID!r}: a conversational prompt needs a user message to carry the "
-                         "reward token.")
-    last = messages[users[-1]]
-    if isinstance(last["content"], str):
-        last["content"] = last["content"] + token
-    else:
-        last["content"] = [*last["content"], {"type": "text", "text": token}]
-    return messages
+    return append_to_prompt(prompt, token, selector=f"rollout_filter={VARIANT_ID!r}", what="reward token")
 
 
 @register(

@@ -10,7 +10,6 @@ the solved-group test) and is the stage's filter, which keeps every rollout.
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import re
@@ -20,6 +19,7 @@ import torch
 
 from ..contracts import RolloutBatch
 from ..registry import get_variant, register
+from .prompt_rewrite import append_to_prompt
 
 VARIANT_ID = "sage"
 _OFFICIAL = "BaohaoLiao/SAGE@8722c1a3aa5bfe5578df8aaf302741a9715a56a2:recipe/hint/hint_trainer.py"
@@ -149,19 +149,7 @@ def hinted_prompt(prompt: Any, hint: str, template: str = SAGE_HINT_TEMPLATE) ->
     """`prompt` followed by `template` with `{hint}` replaced: appended to a text prompt, or to a copy of the last
     user message of a conversation (a content-block list gets a text block); other messages are kept."""
     suffix = template.replace("{hint}", hint)
-    if isinstance(prompt, str):
-        return prompt + suffix
-    messages = copy.deepcopy(prompt)
-    users = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"]
-    if not users:
-        raise ValueError(f"rollout_filter={VARIANT_ID!r}: a conversational prompt needs a user message to carry the "
-                         "hint.")
-    last = messages[users[-1]]
-    if isinstance(last["content"], str):
-        last["content"] = last["content"] + suffix
-    else:
-        last["content"] = [*last["content"], {"type": "text", "text": suffix}]
-    return messages
+    return append_to_prompt(prompt, suffix, selector=f"rollout_filter={VARIANT_ID!r}", what="hint")
 
 
 def solved_groups(rewards: torch.Tensor, group_size: int, threshold: float = 0.0) -> torch.Tensor:

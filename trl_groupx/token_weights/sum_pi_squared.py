@@ -26,9 +26,7 @@ from typing import Any
 
 import torch
 
-# Inputs that index rows like `input_ids` and can be sliced per micro-batch; the vision inputs cannot (TRL slices
-# them per image/tile) and are refused.
-_ROW_INPUTS = ("token_type_ids", "mm_token_type_ids")
+from ._full_logits import completion_logit_rows
 
 
 def sum_pi_squared_from_logits(logits: torch.Tensor) -> torch.Tensor:
@@ -63,35 +61,17 @@ def per_token_logps_entropies_sum_pi_squared(
     (`token_type_ids`, `mm_token_type_ids`) are supported."""
     if temperature <= 0:
         raise ValueError(f"temperature must be positive, got {temperature}.")
-    unsupported = sorted(k for k, v in model_inputs.items() if v is not None and k not in _ROW_INPUTS)
-    if unsupported:
-        raise ValueError(
-            f"Σπ² per token (token weights that require 'sum_pi_squared', e.g. token_weighting='otb') is computed for "
-            f"text models only; the batch carries vision inputs {unsupported}."
-        )
     n = input_ids.size(0)
-    batch_size = batch_size or n
-    first = input_ids.size(1) - logits_to_keep  # (not `-logits_to_keep`: 0 would keep every column)
-    completion_ids = input_ids[:, first:]
-    completion_mask = attention_mask[:, first:].bool()
     all_logps, all_entropies, all_sum_sq = [], [], []
-    with torch.no_grad():
-        for start in range(0, n, batch_size):
-            end = min(start + batch_size, n)
-            inputs = {"input_ids": input_ids[start:end], "attention_mask": attention_mask[start:end]}
-            inputs.update({k: v[start:end] for k, v in model_inputs.items() if v is not None})
-            with autocast():
-                logits = model(**inputs, logits_to_keep=logits_to_keep + 1, use_cache=False).logits
-            # position j predicts token j+1: the logits of the completion tokens are the last `logits_to_keep + 1`
-            # positions but the last (a model that ignores `logits_to_keep` returns them all; the slice holds)
-            logits = logits[:, -(logits_to_keep + 1): -1]
-            for row in range(end - start):
-                z = logits[row].float() / temperature
-                stats = _row_statistics(z, completion_ids[start + row])
-                keep = completion_mask[start + row]
-                for acc, value in zip((all_logps, all_entropies, all_sum_sq), stats):
-                    acc.append(torch.where(keep, value, torch.zeros_like(value)))
-            del logits
+    rows = completion_logit_rows(
+        model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size, autocast=autocast,
+        feature="Σπ² per token (token weights that require 'sum_pi_squared', e.g. token_weighting='otb')",
+        **model_inputs,
+    )
+    for labels, keep, logits in rows:
+        stats = _row_statistics(logits / temperature, labels)
+        for acc, value in zip((all_logps, all_entropies, all_sum_sq), stats):
+            acc.append(torch.where(keep, value, torch.zeros_like(value)))
     if n == 0:
         empty = input_ids.new_zeros((0, logits_to_keep), dtype=torch.float32)
         return empty, empty.clone(), empty.clone()

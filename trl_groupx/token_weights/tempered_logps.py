@@ -27,8 +27,7 @@ from typing import Any
 
 import torch
 
-# Inputs that index rows like `input_ids` and can be sliced per micro-batch; the vision inputs cannot.
-_ROW_INPUTS = ("token_type_ids", "mm_token_type_ids")
+from ._full_logits import completion_logit_rows
 
 
 def logp_temperatures_field(params: Sequence[str]) -> str:
@@ -62,42 +61,25 @@ def per_token_logps_at_temperatures(
     0 where `attention_mask` is 0. `model_inputs`: the multimodal keys the trainer forwards; only row-indexed ones
     (`token_type_ids`, `mm_token_type_ids`) are supported."""
     _check_temperatures([temperature, *temperatures])
-    unsupported = sorted(k for k, v in model_inputs.items() if v is not None and k not in _ROW_INPUTS)
-    if unsupported:
-        raise ValueError(
-            "log-probs at other temperatures (token weights that require 'tempered_logps', e.g. token_weighting="
-            f"'dcpo') are computed for text models only; the batch carries vision inputs {unsupported}."
-        )
     n, m = input_ids.size(0), len(temperatures)
     if n == 0:
         empty = input_ids.new_zeros((0, logits_to_keep), dtype=torch.float32)
         return empty, empty.clone(), input_ids.new_zeros((0, logits_to_keep, m), dtype=torch.float32)
-    batch_size = batch_size or n
-    first = input_ids.size(1) - logits_to_keep  # (not `-logits_to_keep`: 0 would keep every column)
-    completion_ids = input_ids[:, first:]
-    completion_mask = attention_mask[:, first:].bool()
     all_logps, all_entropies, all_tempered = [], [], []
-    with torch.no_grad():
-        for start in range(0, n, batch_size):
-            end = min(start + batch_size, n)
-            inputs = {"input_ids": input_ids[start:end], "attention_mask": attention_mask[start:end]}
-            inputs.update({k: v[start:end] for k, v in model_inputs.items() if v is not None})
-            with autocast():
-                logits = model(**inputs, logits_to_keep=logits_to_keep + 1, use_cache=False).logits
-            # position j predicts token j+1: the completion's logits are the last `logits_to_keep + 1` positions
-            # but the last (a model that ignores `logits_to_keep` returns them all; the slice holds)
-            logits = logits[:, -(logits_to_keep + 1): -1]
-            for row in range(end - start):
-                z = logits[row].float()
-                labels = completion_ids[start + row][:, None]
-                keep = completion_mask[start + row]
-                logp_all = torch.log_softmax(z / temperature, dim=-1)
-                logps = logp_all.gather(-1, labels).squeeze(-1)
-                entropies = -(logp_all.exp() * logp_all).sum(-1)
-                tempered = torch.stack(
-                    [torch.log_softmax(z / t, dim=-1).gather(-1, labels).squeeze(-1) for t in temperatures], dim=-1)
-                all_logps.append(torch.where(keep, logps, torch.zeros_like(logps)))
-                all_entropies.append(torch.where(keep, entropies, torch.zeros_like(entropies)))
-                all_tempered.append(torch.where(keep[:, None], tempered, torch.zeros_like(tempered)))
-            del logits
+    rows = completion_logit_rows(
+        model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size, autocast=autocast,
+        feature="log-probs at other temperatures (token weights that require 'tempered_logps', e.g. "
+                "token_weighting='dcpo')",
+        **model_inputs,
+    )
+    for labels, keep, z in rows:
+        labels = labels[:, None]
+        logp_all = torch.log_softmax(z / temperature, dim=-1)
+        logps = logp_all.gather(-1, labels).squeeze(-1)
+        entropies = -(logp_all.exp() * logp_all).sum(-1)
+        tempered = torch.stack(
+            [torch.log_softmax(z / t, dim=-1).gather(-1, labels).squeeze(-1) for t in temperatures], dim=-1)
+        all_logps.append(torch.where(keep, logps, torch.zeros_like(logps)))
+        all_entropies.append(torch.where(keep, entropies, torch.zeros_like(entropies)))
+        all_tempered.append(torch.where(keep[:, None], tempered, torch.zeros_like(tempered)))
     return torch.stack(all_logps), torch.stack(all_entropies), torch.stack(all_tempered)
