@@ -1,8 +1,8 @@
 """Run by test_edge_grpo_gec_mp.py under `torchrun --nproc_per_node 2` (gloo, CPU): 2 × 6 rollouts in groups of 4,
 so group 1 (global rows 4-7) spans both processes. Global row 0 scores 1, every other row 0; with seed 0 at step 0
 the branches of the 12 rows are [S, R, A, A, S, R, S, R, S, R, S, S] (S solution, A answer, R reflect), so rank 0
-corrects its rows 2, 3, 4 and rank 1 its rows 6, 8, 10, 11 (local 0, 2, 4, 5): both join one re-scoring call of 4
-rows (rank 0 with one filler). Writes one JSON line per rank to the folder given as argv[1]."""
+corrects its rows 1-5 and rank 1 all six of its rows: both join one reflect generation call of 2 rows (rows 1, 5 and
+7, 9) and one re-scoring call of 6 rows (rank 0 with one filler). Writes one JSON line per rank to the folder given as argv[1]."""
 
 import json
 import os
@@ -47,16 +47,27 @@ def main() -> None:
     out_dir = Path(sys.argv[1])
     trainer = build_trainer(trl_groupx.GRPOTrainer, trl_groupx.GRPOConfig, out_dir / "run", dataset=DATASET,
                             reward_funcs=pattern_then_check, edge_grpo_gec=True, edge_grpo_gec_target_reward=1.0,
-                            edge_grpo_gec_answer_template=TEMPLATE, token_weighting="edge_grpo",
+                            edge_grpo_gec_answer_template=TEMPLATE, edge_grpo_gec_reflect_cue="?",
+                            token_weighting="edge_grpo",
                             shuffle_dataset=False, per_device_train_batch_size=B, max_completion_length=8, max_steps=1)
     trainer.model.train()
     torch.manual_seed(0)
     batch = next(iter(trainer.get_train_dataloader()))
+    generate_sizes = []
+    original = trainer._generate_single_turn
+
+    def spy(prompt_ids, *args, **kwargs):
+        generate_sizes.append(len(prompt_ids))
+        return original(prompt_ids, *args, **kwargs)
+
+    trainer._generate_single_turn = spy
     output = trainer._generate_and_score_completions(batch)
+    trainer._generate_single_turn = original
     rewards = trainer._rewards_per_func[:, 0]
     result = {
         "rank": RANK,
         "rescore_sizes": [len(c) for c in CALLS[1::2]],
+        "generate_sizes": generate_sizes,
         "global_rewards": rewards.tolist(),
         "corrected": list(trainer._metrics["train"]["groupx/gec_corrected"]),
         "num_items_ok": bool(output["num_items_in_batch"]

@@ -14,6 +14,7 @@ from trl_groupx.sampling.edge_grpo_gec import (
     answer_suffix,
     assign_branches,
     branch_uniforms,
+    reflect_prefix,
 )
 from trl_groupx.toy import arithmetic_dataset
 
@@ -21,6 +22,7 @@ G = 4  # conftest: num_generations 4, per_device_train_batch_size 8 -> 2 groups 
 _BASE = arithmetic_dataset(64, seed=0)
 DATASET = _BASE.add_column("solution", [f"={a}" for a in _BASE["answer"]])
 TEMPLATE = "!{answer}"  # short stand-in for the official text: the tiny model has 64 positions, max_completion 8
+CUE = "?"  # short stand-in for the official reflect cue
 # seed 0, step 0, official shares: the branch of each of the 8 rows (unit-tested draw)
 BRANCHES = assign_branches(branch_uniforms(8, 0, 0), 0.25, 0.25).tolist()
 assert BRANCHES == [SOLUTION, REFLECT, ANSWER, ANSWER, SOLUTION, REFLECT, SOLUTION, REFLECT]
@@ -52,8 +54,22 @@ def _trainer(tmp_path, peft=False, gec=True, reward=None, dataset=DATASET, **fla
     if gec:
         flags.setdefault("edge_grpo_gec_target_reward", 1.0)
         flags.setdefault("edge_grpo_gec_answer_template", TEMPLATE)
+        flags.setdefault("edge_grpo_gec_reflect_cue", CUE)
     return build_trainer(trl_groupx.GRPOTrainer, trl_groupx.GRPOConfig, tmp_path, peft=peft, dataset=dataset,
                          reward_funcs=reward or FirstCallPattern(), **flags)
+
+
+class GenerateSpy:
+    """Records every `_generate_single_turn` call's prompt ids and the completions it returned."""
+
+    def __init__(self, trainer):
+        self.original, self.calls = trainer._generate_single_turn, []
+        trainer._generate_single_turn = self
+
+    def __call__(self, prompt_ids, *args, **kwargs):
+        completions, logprobs = self.original(prompt_ids, *args, **kwargs)
+        self.calls.append(([list(p) for p in prompt_ids], [list(c) for c in completions]))
+        return completions, logprobs
 
 
 def _generate(trainer):
@@ -77,31 +93,56 @@ def _real(output, row):
 def test_corrected_responses_are_in_the_batch_and_rescored(tmp_path, peft):
     reward = FirstCallPattern()
     trainer = _trainer(tmp_path, peft, reward=reward)
+    spy = GenerateSpy(trainer)
     plain = _trainer(tmp_path, peft, gec=False, reward=FirstCallPattern())
     batch, output = _generate(trainer)
     _, plain_output = _generate(plain)
     tok = trainer.processing_class
     eos = tok.eos_token_id
+    eos_ids = [*trainer.eos_token_ids, tok.pad_token_id]
+    cue_ids = tok(CUE, add_special_tokens=False)["input_ids"]
+    # the rollouts, then one reflect call: rows 1, 5, 7 continued from prompt + their response + cue
+    assert len(spy.calls) == 2 and len(spy.calls[1][0]) == 3
+    reflect_calls = dict(zip([1, 5, 7], zip(*spy.calls[1])))
     for row in range(8):
         sampled = _real(plain_output, row)
-        if row == 0 or BRANCHES[row] == REFLECT:  # correct row, or reflect branch (not implemented): as generated
-            assert _real(output, row) == sampled, row
+        if row == 0:  # the correct row: as generated
+            assert _real(output, row) == sampled
+        elif BRANCHES[row] == REFLECT:  # sampled tokens without EOS (cut) + cue + the policy's continuation, cut
+            prefix = reflect_prefix(sampled, cue_ids, eos_ids, 8)
+            assert prefix[-len(cue_ids):] == cue_ids and len(prefix) <= 7
+            prompt = plain_output["prompt_ids"][row][plain_output["prompt_mask"][row].bool()].tolist()
+            called_with, continuation = reflect_calls[row]
+            assert called_with == prompt + prefix, row
+            assert continuation and _real(output, row) == (prefix + continuation)[:8], row
         elif BRANCHES[row] == ANSWER:  # sampled tokens without their EOS, cut to leave room, + suffix + EOS
             kept = sampled[:-1] if sampled and sampled[-1] == eos else sampled
             tail = tok(answer_suffix(batch[row]["answer"], TEMPLATE), add_special_tokens=False)["input_ids"] + [eos]
             assert _real(output, row) == kept[: 8 - len(tail)] + tail, row
         else:  # the reference solution + EOS
             assert _real(output, row) == tok(batch[row]["solution"], add_special_tokens=False)["input_ids"] + [eos]
-    # one re-scoring call with the four corrected rows (2, 3: answer; 4, 6: solution), in row order
-    assert len(reward.calls) == 2 and len(reward.calls[1]) == 4
-    assert reward.calls[1][2:] == [batch[4]["solution"], batch[6]["solution"]]
+    # one re-scoring call with the seven corrected rows 1..7 in row order (4 and 6: the solution)
+    assert len(reward.calls) == 2 and len(reward.calls[1]) == 7
+    assert [reward.calls[1][3], reward.calls[1][5]] == [batch[4]["solution"], batch[6]["solution"]]
     r = trainer._rewards_per_func[:, 0]
     assert r.tolist() == [1.0, 0.0, 0.5, 0.5, 1.0, 0.0, 1.0, 0.0]
     torch.testing.assert_close(output["advantages"], _group_formula(r))  # GRPO on the re-scored rewards
-    assert output["num_items_in_batch"] == output["completion_mask"].sum()
+    assert output["num_items_in_batch"] == (output["completion_mask"]).sum()
     metrics = trainer._metrics["train"]
-    assert metrics["groupx/gec_selected"] == [7.0] and metrics["groupx/gec_corrected"] == [4.0]
-    assert metrics["groupx/gec_reflect_uncorrected"] == [3.0]
+    assert metrics["groupx/gec_selected"] == [7.0] and metrics["groupx/gec_corrected"] == [7.0]
+    assert metrics["groupx/gec_reflected"] == [3.0]
+
+
+def test_reflect_branch_budget_and_cut(tmp_path):
+    # every selected row reflects; budget 2 new tokens: each continuation has at most 2 tokens
+    trainer = _trainer(tmp_path, edge_grpo_gec_answer_share=0.0, edge_grpo_gec_solution_share=0.0,
+                       edge_grpo_gec_reflect_max_new_tokens=2)
+    spy = GenerateSpy(trainer)
+    _, output = _generate(trainer)
+    prompts, continuations = spy.calls[1]
+    assert len(prompts) == 7 and all(1 <= len(c) <= 2 for c in continuations)
+    assert trainer._metrics["train"]["groupx/gec_reflected"] == [7.0]
+    assert (output["completion_mask"].sum(1) <= 8).all()
 
 
 @pytest.mark.parametrize("peft", [False, True], ids=["full", "lora"])
@@ -117,7 +158,8 @@ def test_corrected_row_log_probs_are_recomputed(tmp_path):
     trainer = _trainer(tmp_path, steps_per_generation=2, beta=0.04)
     _, output = _generate(trainer)
     branches = assign_branches(branch_uniforms(16, 0, 0), 0.25, 0.25)
-    rows = [r for r in range(1, 16) if branches[r] != REFLECT]
+    rows = list(range(1, 16))  # every row but the first is below the target, each corrected (any branch)
+    assert (branches[1:] == REFLECT).any()
     index = torch.tensor(rows)
     sub = {k: output[k][index] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")}
     mask = sub["completion_mask"]

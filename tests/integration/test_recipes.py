@@ -27,7 +27,9 @@ TOY_OVERRIDES = {
     "lopti": ["--temperature", "1.0"],  # at 0.7 the toy model's groups are all-equal: nothing to learn in one step
     "edge_grpo": ["--temperature", "1.0",  # same, at 0.6
                   # GEC: the toy dataset's reference column (the recipe's: solution)
-                  "--edge_grpo_gec_answer_column", "answer", "--edge_grpo_gec_solution_column", "answer"],
+                  "--edge_grpo_gec_answer_column", "answer", "--edge_grpo_gec_solution_column", "answer",
+                  # the official reflect cue is ~30 tokens of the tiny tokenizer: too long for its 64 positions
+                  "--edge_grpo_gec_reflect_cue", "?"],
     "thinkless": ["--temperature", "1.0"],  # same, at 0.6
     "gcpo_ref": ["--gcpo_ref_column", "answer"],  # the toy dataset's reference column (the recipe's: solution)
     "sage": ["--sage_column", "answer"],  # the toy dataset's reference column (the recipe's: solution)

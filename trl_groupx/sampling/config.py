@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from .consistency_grpo import DEFAULT_COLUMN as CONSISTENCY_GRPO_COLUMN
 from .edge_grpo_gec import ANSWER_TEMPLATE as GEC_ANSWER_TEMPLATE
+from .edge_grpo_gec import REFLECT_CUE as GEC_REFLECT_CUE
 from .igrpo import IGRPO_DRAFT_TEMPLATE
 from .rc_grpo import DEFAULT_CONDITION_MIX, DEFAULT_CONDITION_TOKENS
 from .sage import SAGE_HINT_INSTRUCTION, SAGE_HINT_REQUEST_TEMPLATE, SAGE_HINT_TEMPLATE
@@ -127,8 +128,7 @@ class SamplingArgs:
         EDGE-GRPO's Guided Error Correction (part of the `edge_grpo` catalog id, with `token_weighting="edge_grpo"`):
         every scored training response below `edge_grpo_gec_target_reward` whose prompt is shorter than
         `edge_grpo_gec_max_prompt_tokens` is corrected with the reference (answer or solution branch), re-scored
-        and trained on. The reflect branch (policy continuation) is not implemented: its rows stay as generated.
-        See `trl_groupx/sampling/edge_grpo_gec.py`.
+        and trained on (reflect, answer or solution branch). See `trl_groupx/sampling/edge_grpo_gec.py`.
     edge_grpo_gec_answer_column (`str`, *optional*, defaults to `"answer"`):
         GEC: dataset column with each prompt's final answer (the answer branch appends it in `\boxed{}`).
     edge_grpo_gec_solution_column (`str`, *optional*, defaults to `"solution"`):
@@ -144,6 +144,11 @@ class SamplingArgs:
         GEC: the weighted reward of a fully correct response (official 2 = format + accuracy); below it = corrected.
     edge_grpo_gec_max_prompt_tokens (`int`, *optional*, defaults to `256`):
         GEC: only rows whose prompt has fewer tokens are corrected (official 256).
+    edge_grpo_gec_reflect_cue (`str`, *optional*, defaults to `" Wait! Something is wrong here."`):
+        GEC: appended to a wrong response in the reflect branch before the policy continues it (official text).
+    edge_grpo_gec_reflect_max_new_tokens (`int`, *optional*, defaults to `256`):
+        GEC: most tokens the policy generates in the reflect branch (official 256; the corrected response is still
+        cut at `max_completion_length`).
     """
 
     rollout_filter: str | None = field(
@@ -277,6 +282,13 @@ class SamplingArgs:
     )
     edge_grpo_gec_max_prompt_tokens: int = field(
         default=256, metadata={"help": "EDGE-GRPO GEC: only prompts shorter than this are corrected (official 256)."}
+    )
+    edge_grpo_gec_reflect_cue: str = field(
+        default=GEC_REFLECT_CUE,
+        metadata={"help": "EDGE-GRPO GEC: appended to a wrong response before the policy continues it (reflect)."},
+    )
+    edge_grpo_gec_reflect_max_new_tokens: int = field(
+        default=256, metadata={"help": "EDGE-GRPO GEC: most tokens generated in the reflect branch (official 256)."}
     )
 
     def __post_init__(self) -> None:

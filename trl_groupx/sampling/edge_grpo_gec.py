@@ -2,8 +2,9 @@
 
 GEC belongs to the `edge_grpo` catalog id (arXiv:2507.21848; its Entropy-Driven Advantage is
 `token_weighting="edge_grpo"`, `trl_groupx/token_weights/edge_grpo.py`): after TRL generates and scores a training
-batch, every response the run's rewards do not score as fully correct is corrected with the prompt's reference
-answer, re-scored, and trained on as if sampled. The full method is `edge_grpo_gec=True` with
+batch, every response the run's rewards do not score as fully correct is corrected (continued by the policy after a
+reflection cue, or completed with the prompt's reference answer or solution), re-scored, and trained on as if
+sampled. The full method is `edge_grpo_gec=True` with
 `token_weighting="edge_grpo"`.
 
 Official code: `ZhangXJ199/EDGE-GRPO@cbe13ca8e21af39f7b4c791bc6226348267dbfb2`,
@@ -34,9 +35,13 @@ Ours (`edge_grpo_gec_*` fields, `trl_groupx/sampling/config.py`):
 - branches: the shares `edge_grpo_gec_answer_share` (0.25) and `edge_grpo_gec_solution_share` (0.25); the rest
   is the reflect branch. The draws are one uniform per global row from a generator seeded with
   `(seed, global_step)`, so every process agrees (Choice: reproducible instead of Python's global `random`).
-- NOT IMPLEMENTED: the reflect branch's continuation (a second generation from prompt + response + cue). Rows drawn
-  for it are left as generated and counted in `groupx/gec_reflect_uncorrected`; the answer and solution branches
-  are implemented. With the default shares half of the selected rows are therefore not corrected as in the paper.
+- reflect branch: the policy continues `prompt + o_i + cue` (`edge_grpo_gec_reflect_cue`, default the official
+  text) for at most `edge_grpo_gec_reflect_max_new_tokens` (256) new tokens through TRL's own generator at the run's
+  sampling settings, in one generate call per process of equal size on every process (filler rows where a process
+  has fewer), and the corrected response is `o_i + cue + continuation`. Choice: token ids, not text: the sampled
+  tokens of `o_i` (trailing EOS dropped), then the cue's tokens, then the generated ones (the official code decodes
+  and re-tokenizes the text); `o_i` (then the cue) is cut from the end to leave room for one generated token, and
+  the result is cut at `max_completion_length` (no EOS then: `mask_truncated_completions` applies).
 - token ids: the answer branch keeps the sampled tokens of `o_i` (its trailing EOS removed) and appends
   `tokenize(template(answer)) + EOS` (`edge_grpo_gec_answer_template`, default the official text); the solution
   branch is `tokenize(solution) + EOS`. Choice: the sampled tokens are kept instead of re-tokenizing the decoded
@@ -63,19 +68,24 @@ hold both columns.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 FLAG = "edge_grpo_gec"
 REFLECT, ANSWER, SOLUTION = 0, 1, 2
+REFLECT_CUE = " Wait! Something is wrong here."
 ANSWER_TEMPLATE = "\nWait! Something is wrong here. After verification, the correct answer is \\boxed{{answer}}."
 # Fields refused without the flag, at their defaults
 _OWN_FIELDS = {"edge_grpo_gec_answer_template": ANSWER_TEMPLATE, "edge_grpo_gec_answer_column": "answer",
                "edge_grpo_gec_solution_column": "solution", "edge_grpo_gec_answer_share": 0.25,
                "edge_grpo_gec_solution_share": 0.25, "edge_grpo_gec_target_reward": 2.0,
-               "edge_grpo_gec_max_prompt_tokens": 256}
+               "edge_grpo_gec_max_prompt_tokens": 256, "edge_grpo_gec_reflect_cue": REFLECT_CUE,
+               "edge_grpo_gec_reflect_max_new_tokens": 256}
 
 
 def validate(config: Any) -> None:
@@ -107,6 +117,13 @@ def validate(config: Any) -> None:
     limit = config.edge_grpo_gec_max_prompt_tokens
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValueError(f"edge_grpo_gec_max_prompt_tokens={limit!r}: use an integer >= 1 (official 256).")
+    cue = config.edge_grpo_gec_reflect_cue
+    if not isinstance(cue, str) or not cue.strip():
+        raise ValueError(f"edge_grpo_gec_reflect_cue={cue!r}: use the non-empty text the policy continues after "
+                         f"(official {REFLECT_CUE!r}).")
+    budget = config.edge_grpo_gec_reflect_max_new_tokens
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise ValueError(f"edge_grpo_gec_reflect_max_new_tokens={budget!r}: use an integer >= 1 (official 256).")
     if getattr(config, "use_vllm", False):
         raise ValueError(f"{FLAG}=True is tested with transformers generation only; set use_vllm=False or "
                          f"{FLAG}=False.")
@@ -144,14 +161,66 @@ def corrected_ids(branch: int, completion: list[int], reference: str, tokenizer:
     cut from the end to leave room) + suffix + EOS; solution = the reference text + EOS, cut."""
     eos = tokenizer.eos_token_id
     if branch == ANSWER:
-        kept = list(completion)
-        while kept and kept[-1] in eos_ids:
-            kept.pop()
+        kept = _without_trailing_eos(completion, eos_ids)
         tail = list(tokenizer(answer_suffix(reference, template), add_special_tokens=False)["input_ids"]) + [eos]
         return (kept[: max(max_length - len(tail), 0)] + tail)[:max_length]
     if branch == SOLUTION:
         return (list(tokenizer(reference, add_special_tokens=False)["input_ids"]) + [eos])[:max_length]
-    raise ValueError(f"branch {branch} is not corrected here")
+    raise ValueError(f"branch {branch} is not corrected here (the reflect branch uses reflect_prefix)")
+
+
+def _without_trailing_eos(completion: list[int], eos_ids: list[int]) -> list[int]:
+    kept = list(completion)
+    while kept and kept[-1] in eos_ids:
+        kept.pop()
+    return kept
+
+
+def reflect_prefix(completion: list[int], cue_ids: list[int], eos_ids: list[int], max_length: int) -> list[int]:
+    """The reflect branch's start, which the policy continues: the sampled tokens (trailing EOS dropped, cut from the
+    end to leave room for the cue and one generated token within `max_length`) + the cue's tokens (cut too when the
+    cue alone leaves no room: what lies beyond `max_length` would be cut from the corrected response anyway)."""
+    kept = _without_trailing_eos(completion, eos_ids)
+    return (kept[: max(max_length - len(cue_ids) - 1, 0)] + list(cue_ids))[: max(max_length - 1, 0)]
+
+
+@contextlib.contextmanager
+def _max_new_tokens(trainer: Any, budget: int) -> Iterator[None]:
+    saved = trainer.generation_config
+    limited = copy.deepcopy(saved)
+    limited.max_new_tokens = budget
+    trainer.generation_config = limited
+    try:
+        yield
+    finally:
+        trainer.generation_config = saved
+
+
+def reflect_continuations(trainer: Any, output: dict[str, Any], rows: list[int], prefixes: list[list[int]]
+                          ) -> list[list[int]]:
+    """The policy's continuation of each `prompt + prefix` of this process's `rows`. Every process calls this with
+    the same number of sequences (filler: its row 0), because generation may gather parameters across processes."""
+    acc = trainer.accelerator
+    count = len(rows)
+    padded_to = int(acc.gather(torch.tensor([count], device=acc.device)).max()) if acc.num_processes > 1 else count
+    if padded_to == 0:
+        return []
+    if not rows:  # filler only: row 0 with its own response as the prefix
+        rows, prefixes = [0], [output["completion_ids"][0][output["completion_mask"][0].bool()].tolist()]
+    fill_rows = rows + [rows[0]] * (padded_to - len(rows))
+    fill_prefixes = prefixes + [prefixes[0]] * (padded_to - len(prefixes))
+    prompt_ids = [output["prompt_ids"][r][output["prompt_mask"][r].bool()].tolist() + prefix
+                  for r, prefix in zip(fill_rows, fill_prefixes)]
+    budget = min(trainer.args.edge_grpo_gec_reflect_max_new_tokens, trainer.max_completion_length)
+    was_training = trainer.model.training
+    trainer._generating_baseline = True  # extra completions at the run's own base sampling settings
+    try:
+        with _max_new_tokens(trainer, budget):
+            continuations, _ = trainer._generate_single_turn(prompt_ids, None, {}, 1)
+    finally:
+        trainer._generating_baseline = False
+    trainer.model.train(was_training)
+    return [list(c) for c in continuations[:count]]
 
 
 # ---- trainer glue (called by GRPOTrainer._generate_and_score_completions) ----------------------------------------
@@ -195,11 +264,10 @@ def apply_gec(trainer: Any, inputs: list[dict[str, Any]], output: dict[str, Any]
                                args.edge_grpo_gec_max_prompt_tokens)
     branches = assign_branches(branch_uniforms(rewards.numel(), args.seed, trainer.state.global_step),
                                args.edge_grpo_gec_answer_share, args.edge_grpo_gec_solution_share).to(selected.device)
-    corrected = selected & (branches != REFLECT)
-    global_rows = torch.nonzero(corrected).flatten().tolist()
+    global_rows = torch.nonzero(selected).flatten().tolist()
     metrics = trainer._metrics["train"]
     metrics["groupx/gec_selected"].append(float(selected.sum().item()))
-    metrics["groupx/gec_reflect_uncorrected"].append(float((selected & (branches == REFLECT)).sum().item()))
+    metrics["groupx/gec_reflected"].append(float((selected & (branches == REFLECT)).sum().item()))
     metrics["groupx/gec_corrected"].append(float(len(global_rows)))
     if not global_rows:
         return output
@@ -207,14 +275,27 @@ def apply_gec(trainer: Any, inputs: list[dict[str, Any]], output: dict[str, Any]
     mine = [r - rank * local_n for r in global_rows if r // local_n == rank]
     tokenizer = trainer._tokenizer
     eos_ids = [*trainer.eos_token_ids, tokenizer.pad_token_id]
+    max_length = trainer.max_completion_length
+    cue_ids = list(tokenizer(args.edge_grpo_gec_reflect_cue, add_special_tokens=False)["input_ids"])
+
+    def sampled(row: int) -> list[int]:
+        return output["completion_ids"][row][output["completion_mask"][row].bool()].tolist()
+
+    reflect_rows = [row for row in mine if int(branches[row + rank * local_n]) == REFLECT]
+    prefixes = [reflect_prefix(sampled(row), cue_ids, eos_ids, max_length) for row in reflect_rows]
+    continued = dict(zip(reflect_rows, (
+        (prefix + continuation)[:max_length]
+        for prefix, continuation in zip(prefixes, reflect_continuations(trainer, output, reflect_rows, prefixes)))))
     ids, missing = [], None
     try:
         for row in mine:
             branch = int(branches[row + rank * local_n])
+            if branch == REFLECT:
+                ids.append(continued[row])
+                continue
             column = args.edge_grpo_gec_answer_column if branch == ANSWER else args.edge_grpo_gec_solution_column
-            sampled = output["completion_ids"][row][output["completion_mask"][row].bool()].tolist()
-            ids.append(corrected_ids(branch, sampled, _reference(inputs[row], column), tokenizer, eos_ids,
-                                     trainer.max_completion_length, args.edge_grpo_gec_answer_template))
+            ids.append(corrected_ids(branch, sampled(row), _reference(inputs[row], column), tokenizer, eos_ids,
+                                     max_length, args.edge_grpo_gec_answer_template))
     except ValueError as err:
         missing = err
     raise_together(missing, accel, args.edge_grpo_gec_solution_column, f"{FLAG}=True")

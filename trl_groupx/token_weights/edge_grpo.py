@@ -56,7 +56,7 @@ def edge_grpo_token_advantages(advantages: torch.Tensor, ctx: TokenContext, *, e
       mean (the paper's group-relative reading), independent of how the batch is split;
     - Guided Error Correction (GEC, l.974-1061: wrong responses corrected with the reference answer or solution at
       generation time) is the flag `edge_grpo_gec` (on in this id's flags; `trl_groupx/sampling/edge_grpo_gec.py`),
-      applied by the trainer after scoring, before this stage; its reflect branch is not implemented.
+      applied by the trainer after scoring, before this stage.
     Edge cases: NaN-reward (unscored) and empty completions get 0 and are left out of `P̄_g`; a group with no such
     member keeps advantage 0.
     """

@@ -14,6 +14,7 @@ from trl_groupx.sampling.edge_grpo_gec import (
     assign_branches,
     branch_uniforms,
     corrected_ids,
+    reflect_prefix,
     rows_to_correct,
 )
 
@@ -119,6 +120,20 @@ def test_solution_branch_is_the_reference_and_eos_cut_to_max_length(tokenizer):
         corrected_ids(REFLECT, [5], "12", tokenizer, [eos], max_length=8)
 
 
+def test_reflect_prefix_keeps_room_for_the_cue_and_one_token():
+    eos, pad, cue = 0, 9, [7, 8]
+    # trailing EOS/pad dropped, then the cue: 3 + 2 = 5 <= 8 - 1
+    assert reflect_prefix([1, 2, 3, eos], cue, [eos, pad], max_length=8) == [1, 2, 3, 7, 8]
+    # max_length 5: at most 5 - 2 - 1 = 2 sampled tokens kept, the last ones dropped
+    assert reflect_prefix([1, 2, 3, 4, eos, pad], cue, [eos, pad], max_length=5) == [1, 2, 7, 8]
+    # an empty response: the cue alone; a cue longer than the budget: nothing sampled is kept, the cue is cut so
+    # that one generated token fits
+    assert reflect_prefix([eos], cue, [eos, pad], max_length=8) == cue
+    assert reflect_prefix([1, 2], cue, [eos, pad], max_length=3) == cue
+    assert reflect_prefix([1, 2], cue, [eos, pad], max_length=2) == [7]
+    assert reflect_prefix([1, 2], cue, [eos, pad], max_length=1) == []
+
+
 class _Trainer:
     def __init__(self, tokenizer):
         self.processing_class = tokenizer
@@ -141,6 +156,8 @@ def test_defaults_are_the_official_values():
     assert (cfg.edge_grpo_gec_answer_share, cfg.edge_grpo_gec_solution_share) == (0.25, 0.25)
     assert (cfg.edge_grpo_gec_target_reward, cfg.edge_grpo_gec_max_prompt_tokens) == (2.0, 256)
     assert (cfg.edge_grpo_gec_answer_column, cfg.edge_grpo_gec_solution_column) == ("answer", "solution")
+    assert cfg.edge_grpo_gec_reflect_cue == " Wait! Something is wrong here."
+    assert cfg.edge_grpo_gec_reflect_max_new_tokens == 256
 
 
 @pytest.mark.parametrize("kw, match", [
@@ -151,6 +168,8 @@ def test_defaults_are_the_official_values():
     ({"edge_grpo_gec_solution_column": ""}, "edge_grpo_gec_solution_column"),
     ({"use_vllm": True}, "use_vllm=False"),
     ({"edge_grpo_gec_answer_template": "no placeholder"}, "edge_grpo_gec_answer_template"),
+    ({"edge_grpo_gec_reflect_cue": "  "}, "edge_grpo_gec_reflect_cue"),
+    ({"edge_grpo_gec_reflect_max_new_tokens": 0}, "edge_grpo_gec_reflect_max_new_tokens"),
 ])
 def test_bad_values_fail_at_construction(kw, match):
     with pytest.raises(ValueError, match=match):
