@@ -1,6 +1,6 @@
 """VeriGate: verifier advantages where the verifier separates the group, process-reward advantages only where it
 does not (Verifier-Gated Step-Level GRPO, arXiv:2605.30451; no public code). Outcome-level gating only: see the
-docstring for the step-level credit this implementation cannot give."""
+step-level credit in `token_weighting="verigate_step"` (`trl_groupx/token_weights/verigate_step.py`)."""
 
 from __future__ import annotations
 
@@ -50,14 +50,16 @@ def verigate_advantages(
     Citation: arXiv:2605.30451 (abstract; catalog row `verigate`, seed 001_a802f1d2c360f935.txt ¶0 line 5). There
     is no public code (official-code.md: "normalisation set unknown").
 
-    What is **not** implemented, and why: the paper's PRM gives one score `s_j` per reasoning step; it turns them
-    into future-cumulated rewards `R_k = Σ_{j≥k} s_j` and group-normalises these into *token-level* advantages
-    (tokens of step `k` get the normalised `R_k`). TRL's reward-function interface returns one float per
-    completion, and this package's advantage stage returns one advantage per rollout, so neither per-step scores
-    nor step boundaries reach a variant. Here the PRM is one scalar per completion: if your PRM reward function
-    returns `Σ_j s_j`, that is `R_1`, the reward-to-go of the first step, and the degenerate-group advantage is its
-    group z-score broadcast over the completion. The catalog's check "PRM never called on mixed groups" does not
-    hold either: TRL calls every reward function on every completion (only its score is ignored there).
+    Step level: the paper's PRM gives one score `s_j` per reasoning step; it turns them into future-cumulated
+    rewards `R_k = Σ_{j≥k} s_j` and group-normalises these into *token-level* advantages (tokens of step `k` get the
+    normalised `R_k`). That is `token_weighting="verigate_step"` (`trl_groupx/token_weights/verigate_step.py`): a
+    token-stage variant, because TRL's reward-function interface returns one float per completion and this
+    package's advantage stage returns one advantage per rollout; there the step PRM is a registered component
+    called on the degenerate groups only. Here (sequence level) the PRM is one scalar per completion: if your PRM
+    reward function returns `Σ_j s_j`, that is `R_1`, the reward-to-go of the first step, and the degenerate-group
+    advantage is its group z-score broadcast over the completion. The catalog's check "PRM never called on mixed
+    groups" holds only at step level: here TRL calls every reward function on every completion (only its score is
+    ignored there).
 
     Choices the abstract leaves open, with ours: "degenerate" = all scored verifier rewards equal (exact
     equality, the abstract's "same verifier reward"); the normalisation set of the PRM advantages is the
