@@ -160,9 +160,11 @@ def load_teacher(trainer: Any) -> torch.nn.Module | None:
 
 
 def load_frozen_model(trainer: Any, path: str, flag: str = "opd_teacher_model",
-                      role: str = "teacher") -> torch.nn.Module:
+                      role: str = "teacher", vocab_check: Any = None) -> torch.nn.Module:
     """A frozen second causal LM that scores the policy's sampled tokens (dGRPO's teacher, RTO's DPO model), loaded
-    from `path` as `load_teacher` describes; errors name `flag` (the config field that gave `path`) and `role`."""
+    from `path` as `load_teacher` describes; errors name `flag` (the config field that gave `path`) and `role`.
+    `vocab_check(path, model, student, flag=, role=)` replaces `check_teacher_vocab` for a model whose samples the
+    policy scores instead (S2L-PO's explorer: `sampling/s2l_po.py`)."""
     from accelerate.utils import is_peft_model
     from trl.models import prepare_deepspeed, prepare_fsdp
     from trl.trainer.utils import add_fused_lm_head, create_model_from_path, disable_dropout_in_model
@@ -182,7 +184,7 @@ def load_frozen_model(trainer: Any, path: str, flag: str = "opd_teacher_model",
             f"{flag}={path!r} could not be loaded as a causal LM ({err}); pass a model id or a local "
             f"folder holding the {role}'s config and weights."
         ) from err
-    check_teacher_vocab(path, teacher, student, flag=flag, role=role)
+    (vocab_check or check_teacher_vocab)(path, teacher, student, flag=flag, role=role)
     if args.disable_dropout:
         disable_dropout_in_model(teacher)
     teacher.requires_grad_(False)

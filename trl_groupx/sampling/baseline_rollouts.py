@@ -57,6 +57,18 @@ def _first_rows_of_groups(local_n: int, start: int, group_size: int) -> list[int
 
 
 @contextlib.contextmanager
+def generating_with_model(trainer: Any, model: Any) -> Iterator[None]:
+    """TRL's generator with `model` (a frozen, prepared causal LM) in place of the trained one: TRL's
+    `_generate_single_turn` generates with `trainer.model_wrapped` and nothing else reads it during generation."""
+    saved_wrapped = trainer.model_wrapped
+    trainer.model_wrapped = model
+    try:
+        yield
+    finally:
+        trainer.model_wrapped = saved_wrapped
+
+
+@contextlib.contextmanager
 def _generating_with(trainer: Any, policy: str) -> Iterator[None]:
     """Greedy: the generation config with `do_sample=False`. Reference: the adapter disabled (LoRA; TRL's `ref`
     adapter when the model already carried one) or TRL's `ref_model` in place of the trained model."""
@@ -75,12 +87,8 @@ def _generating_with(trainer: Any, policy: str) -> Iterator[None]:
         with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None):
             yield
         return
-    saved_wrapped = trainer.model_wrapped
-    trainer.model_wrapped = trainer.ref_model
-    try:
+    with generating_with_model(trainer, trainer.ref_model):
         yield
-    finally:
-        trainer.model_wrapped = saved_wrapped
 
 
 def baseline_rewards(trainer: Any, inputs: list[dict[str, Any]], requirement: str, group_size: int) -> torch.Tensor:
