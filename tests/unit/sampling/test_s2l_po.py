@@ -13,6 +13,7 @@ from trl_groupx.sampling.s2l_po import (
     check_explorer_vocab,
     generation_batch_index,
     is_explorer_batch,
+    load_explorer,
     official_schedule,
     optimizer_steps_per_generation,
     s2l_po,
@@ -117,3 +118,19 @@ def test_registered_with_the_paper_defaults():
     assert variant.flags["beta"] == 0.001  # official kl_loss_coef (low_var_kl = TRL's k3)
     assert variant.official_code.startswith("qishisuren123/S2L-PO@68607d24ce17ebe72f64d488e835f249774607e3:")
     assert set(variant.params) == {"s2l_po_explorer_model", "s2l_po_anneal_steps"}
+
+
+def test_load_explorer_refusals_before_loading():
+    def trainer(steps=8, path="some/model", rollout_func=None, zero_stage=None):
+        plugin = SimpleNamespace(zero_stage=zero_stage) if zero_stage else None
+        return SimpleNamespace(args=SimpleNamespace(s2l_po_anneal_steps=steps, s2l_po_explorer_model=path),
+                               rollout_func=rollout_func, is_deepspeed_enabled=plugin is not None,
+                               accelerator=SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=plugin)))
+
+    assert load_explorer(trainer(steps=0, path=None)) is None  # no explorer batch: nothing loaded
+    with pytest.raises(ValueError, match="s2l_po_explorer_model is not set"):
+        load_explorer(trainer(path=None))
+    with pytest.raises(ValueError, match="cannot redirect a rollout_func"):
+        load_explorer(trainer(rollout_func=print))
+    with pytest.raises(ValueError, match="cannot unwrap under DeepSpeed ZeRO-3. Use ZeRO-2, FSDP or DDP"):
+        load_explorer(trainer(zero_stage=3))
