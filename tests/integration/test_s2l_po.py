@@ -169,6 +169,16 @@ def test_composes_with_an_objective_variant(tmp_path, teachers):  # noqa: F811
     assert grads_differ(base, grads)
 
 
+def test_explorer_batch_with_micro_group_generation(tmp_path, teachers):  # noqa: F811
+    # generation in micro groups of 4 rows: every chunk of an explorer batch is the explorer's
+    flags = dict(generation_micro_group_size=4)
+    trainer = _s2l(tmp_path / "s2l", False, teachers["other"], **flags)
+    _, _, inputs = one_step(trainer)
+    _, _, inputs_explorer = one_step(ours(tmp_path / "explorer", False, model=teachers["other"], **flags))
+    assert torch.equal(inputs["completion_ids"], inputs_explorer["completion_ids"])
+    assert trainer._metrics["train"][FLAG] == [1.0, 1.0]  # one entry per generate call (8 rows, 2 chunks)
+
+
 def test_construction_errors_name_the_explorer_flag(tmp_path, teachers, wide_vocab_explorer):  # noqa: F811
     with pytest.raises(ValueError, match="s2l_po_explorer_model is not set: pass the model id or local path"):
         ours(tmp_path / "a", True, rollout_filter="s2l_po")
