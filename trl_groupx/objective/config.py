@@ -127,6 +127,20 @@ class ObjectiveArgs:
         (weighted sum of the reward functions) is at least this. Choice: 1.0 = solved under 0/1 accuracy rewards.
     lightningrl_nll_reduction (`str`, defaults to `"token"`): LightningRL: `"token"` = mean over all correct tokens
         (official default), `"sequence"` = mean over correct rollouts of their token mean.
+
+    > srpo
+    srpo_success_threshold (`float`, defaults to `1.0`): SRPO: a rollout is correct at total reward ≥ this (the
+        paper's r = 1); failed rollouts of a group with a correct one are routed to self-distillation.
+    srpo_entropy_beta (`float`, defaults to `1.0`): SRPO: β ≥ 0 of the weights exp(−β H_teacher) (normalised to
+        mean 1 over the distillation tokens); 0 = uniform weights.
+    srpo_distill_topk (`int`, defaults to `100`): SRPO: k of the teacher's top-k support of the divergence.
+    srpo_distill_alpha (`float`, defaults to `0.5`): SRPO: α ∈ [0, 1] of SDPO's divergence (0.5 = Jensen-Shannon,
+        0 forward KL, 1 reverse KL).
+    srpo_distill_add_tail (`bool`, defaults to `True`): SRPO: one extra bucket for the mass outside the top-k
+        (False: renormalise on the top-k). Choice (verl-recipe SDPO's default; TRL's SDPO defaults to False).
+    srpo_teacher_kind (`str`, defaults to `"ema"`): SRPO: self-teacher weights, `"ema"` (SDPO's), `"live"` (the
+        current policy) or `"base"` (the initial policy).
+    srpo_teacher_update_rate (`float`, defaults to `0.05`): SRPO: EMA rate of the `"ema"` teacher per step.
     """
 
     loss_aggregation: str | None = field(
@@ -214,3 +228,15 @@ class ObjectiveArgs:
     lightningrl_nll_reduction: str = field(
         default="token", metadata={"help": "LightningRL: 'token' (mean over correct tokens) or 'sequence'."}
     )
+    # srpo
+    srpo_success_threshold: float = field(
+        default=1.0, metadata={"help": "SRPO: a rollout whose total reward is >= this counts as correct."}
+    )
+    srpo_entropy_beta: float = field(default=1.0, metadata={"help": "SRPO: beta of the weights exp(-beta H_teacher)."})
+    srpo_distill_topk: int = field(default=100, metadata={"help": "SRPO: k of the teacher's top-k support."})
+    srpo_distill_alpha: float = field(default=0.5, metadata={"help": "SRPO: divergence alpha (0.5 = Jensen-Shannon)."})
+    srpo_distill_add_tail: bool = field(
+        default=True, metadata={"help": "SRPO: add a bucket for the mass outside the top-k (else renormalise)."}
+    )
+    srpo_teacher_kind: str = field(default="ema", metadata={"help": "SRPO: self-teacher 'ema', 'live' or 'base'."})
+    srpo_teacher_update_rate: float = field(default=0.05, metadata={"help": "SRPO: EMA rate of the 'ema' teacher."})
