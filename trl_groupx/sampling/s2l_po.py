@@ -40,7 +40,8 @@ def official_schedule(anneal_steps: int, explorer_samples: int = OFFICIAL_SAMPLE
     `ratio_t = 1 − (t − 1)/(N − 1)` (`1` when `N ≤ 1`, l.153-157); the step runs one explorer ("offline") batch of
     `ceil(ratio_t · 16)` explorer rollouts per prompt when that is > 0 (l.159, l.167-170) and then one learner
     ("online") batch of `ceil((1 − ratio_t) · 16)` rollouts per prompt when that is > 0 (l.160, l.172-175). After
-    the `N` logical steps every batch is a learner batch of 16 (l.185-201); `N = 0` is all learner batches.
+    the `N` logical steps every batch is a learner batch of 16 (l.185-201; the official run stops after 16 logical
+    steps, 22 batches with N = 8; here the learner batches go on until `max_steps`); `N = 0` is all learner batches.
     Each batch is one verl training step (`trainer.total_training_steps = curr + 1`): explorer and learner
     rollouts never share a batch or a group. The ratio is computed in Python floats as the script does.
 
