@@ -83,7 +83,7 @@ def test_without_all_negative_group_judge_is_not_called_and_gradient_is_grpo(tmp
 def test_composes_with_gmpo_objective(tmp_path, judge):
     _, base_grads, _ = one_step(sgpo(tmp_path / "base", loss_type="gmpo"))
     trainer = sgpo(tmp_path / "sgpo", loss_type="gmpo", **ON)
-    _, grads, inputs = one_step(trainer)
+    _, grads, _ = one_step(trainer)
     assert judge.seen and all(torch.isfinite(g).all() for g in grads.values())
     assert grads_differ(base_grads, grads)
 

@@ -116,7 +116,7 @@ def test_composes_with_rloo_advantages_and_dapo_loss(tmp_path, prm):
     # the advantage stage's RLOO numbers on the mixed groups' tokens, step credit on the degenerate ones, dapo's
     # token-mean loss
     trainer = make(tmp_path, advantage_estimator="rloo", loss_type="dapo", **ON)
-    _, grads, inputs = one_step(trainer)
+    _, grads, _ = one_step(trainer)
     assert prm.completions and all(torch.isfinite(g).all() for g in grads.values())
     assert any(g.abs().sum() > 0 for g in grads.values())
 

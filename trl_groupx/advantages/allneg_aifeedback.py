@@ -69,8 +69,8 @@ def rows_to_judge(rewards: torch.Tensor, group_size: int, threshold: float) -> t
     # The toy judge makes the flags runnable on the shipped arithmetic task; a real run names its own judge.
     flags={"advantage_estimator": VARIANT_ID, JUDGE_FLAG: "arithmetic_prefix", "allneg_aifeedback_fail_threshold": 0.0},
     params=(JUDGE_FLAG, "allneg_aifeedback_fail_threshold"),
-    needs=("a step-wise judge registered with register_allneg_judge and named by allneg_aifeedback_judge: "
-           "(prompts, completions, **columns) -> one score in [0, 1] per (wrong) completion",),
+    needs=(("a step-wise judge registered with register_allneg_judge and named by allneg_aifeedback_judge: "
+            "(prompts, completions, **columns) -> one score in [0, 1] per (wrong) completion"),),
     requires=("judge_scores",),
     validate=_validate,
 )

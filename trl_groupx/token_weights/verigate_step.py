@@ -127,8 +127,8 @@ def group_step_zscores(to_go: torch.Tensor, member: torch.Tensor, group_size: in
     # The toy PRM makes the flags runnable on the shipped arithmetic task; a real run names its own step PRM.
     flags={"token_weighting": VARIANT_ID, PRM_FLAG: "arithmetic_steps", "verigate_step_delimiter": "\n\n"},
     params=(PRM_FLAG, "verigate_step_delimiter"),
-    needs=("a process reward model registered with register_step_prm and named by verigate_step_prm: "
-           "(prompts, completions, steps, **columns) -> one list of step scores per completion",),
+    needs=(("a process reward model registered with register_step_prm and named by verigate_step_prm: "
+            "(prompts, completions, steps, **columns) -> one list of step scores per completion"),),
     requires=("prm_step_scores",),
     validate=_validate,
 )

@@ -84,7 +84,10 @@ def test_catalog_check_mixed_group_is_grpo_degenerate_group_gets_normalised_rewa
     out = vgs(advantages, ctx_for(rewards, mask, step_ids, scores, 4))
     assert torch.equal(out[:4], advantages[:4, None].expand(4, 4))  # exactly the sequence advantages
     m, s = 6 / 7, math.sqrt(10 / 21) + EPS
-    z = lambda r: (r - m) / s  # noqa: E731
+
+    def z(r):
+        return (r - m) / s
+
     expected = torch.tensor([[z(1), z(1), z(0), z(0)], [z(2), z(1), z(1), z(1)], [z(0)] * 4, [z(1), z(1), 0.0, 0.0]])
     torch.testing.assert_close(out[4:], expected)
 
