@@ -174,16 +174,16 @@ def answer_belief(trainer: Any, output: dict[str, Any],
         forwards = -(-len(sequences) // chunk)
         if acc.num_processes > 1:
             forwards = int(acc.gather(torch.tensor([forwards], device=acc.device)).max().item())
+        pad = trainer._tokenizer.pad_token_id
         values = probe_answer_logps(
-            trainer.model, sequences, answer_lengths, pad_token_id=trainer._tokenizer.pad_token_id,
+            trainer.model, sequences, answer_lengths, pad_token_id=0 if pad is None else pad,  # never attended
             temperature=trainer.temperature, chunk_size=chunk, min_forwards=forwards, autocast=acc.autocast,
             device=completion_ids.device,
         )
         for (row, boundary_ks), value in zip(targets, values.tolist(), strict=True):
             for k in boundary_ks:
                 logps[row, k] = value
-        mode = "train"
-        trainer._metrics[mode]["groupx/belief_probe_forwards_per_completion"].append(
+        trainer._metrics["train"]["groupx/belief_probe_probes_per_completion"].append(
             len(sequences) / max(1, int((output["completion_mask"].sum(-1) > 0).sum().item())))
     device = completion_ids.device
     segments = acc.pad_across_processes(segments.to(device), dim=1, pad_index=NO_SEGMENT)
