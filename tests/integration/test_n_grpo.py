@@ -3,6 +3,8 @@ changes the rollouts and the gradient (full and LoRA), every log-prob forward re
 reference, loss), evaluation does not mix, composition with GMPO and with chunked log-probs, and construction
 refusals."""
 
+import math
+
 import pytest
 import torch
 
@@ -107,3 +109,15 @@ def test_chunked_log_probs_replay_the_same_inputs(tmp_path):
     torch.testing.assert_close(inputs_c["old_per_token_logps"], inputs["old_per_token_logps"], atol=1e-5, rtol=0)
     torch.testing.assert_close(loss_c, loss)
     assert not grads_differ(grads, grads_c, atol=1e-6)
+
+
+def test_pairs_and_nan_rewards(tmp_path):
+    def reward(completions, **kwargs):  # pairs (NaN, 1), (0, 1), (1, 0), (NaN, 0)
+        return [math.nan, 1.0, 0.0, 1.0, 1.0, 0.0, math.nan, 0.0]
+
+    trainer = ours(tmp_path, rollout_filter="n_grpo", n_grpo_mix_rate=0.5, num_generations=2, reward_funcs=reward)
+    loss, grads, inputs = one_step(trainer)
+    assert torch.isfinite(loss) and all(torch.isfinite(g).all() for g in grads.values())
+    # a pair with one scored rollout has no spread (advantage 0 for both rows); the two others +-1/sqrt(2) (std 0.707)
+    assert sorted(inputs["advantages"].abs().tolist()) == pytest.approx([0.0] * 4 + [0.7071] * 4, abs=1e-3)
+    assert (inputs[WEIGHTS_KEY].sum(-1) > 0).any()  # the rows were still generated with mixing
