@@ -58,6 +58,11 @@ def validate(config: Any) -> None:
             "rollout_filter='repo' with use_vllm=True: replayed rows carry no vLLM sampling log-probs; use "
             "transformers generation (use_vllm=False)."
         )
+    if config.entropy_coef != 0.0 or config.use_adaptive_entropy:
+        raise ValueError(
+            "rollout_filter='repo' weights the replayed rows on trl_groupx's objective path, which does not support "
+            "TRL's entropy bonus yet; set entropy_coef=0 and use_adaptive_entropy=False."
+        )
     if config.loss_type in ("vespo", "luspo"):
         raise ValueError(
             f"rollout_filter='repo' with loss_type={config.loss_type!r}: the replayed rows are weighted inside the "
@@ -139,8 +144,12 @@ def repo(batch: RolloutBatch, *, repo_k: int = 8, state: dict) -> torch.Tensor:
       on-policy block.
     - `bnpo`: on-policy and replayed tokens are normalised separately (official); `dapo`/`cispo` (not in the
       official code): one global token count over on-policy and replayed tokens, replayed tokens weighted by `c`.
-    - Not supported (refused): `beta != 0` (official: KL on on-policy tokens only), vLLM generation, multi-turn tool
-      masks and multimodal inputs, and compositions that add per-row tensors of their own to the batch.
+    - Loss path: TRL's loss types run through their trl_groupx reference surrogate
+      (`GRPOTrainer.compute_objective_loss`, same numbers), which carries the row weight; TRL's clip-ratio metrics
+      are not logged there.
+    - Not supported (refused): `beta != 0` (official: KL on on-policy tokens only), TRL's entropy bonus, vLLM
+      generation, `vespo`/`luspo`, multi-turn tool masks and multimodal inputs, and compositions that add per-row
+      tensors of their own to the batch (objective group ids, Balanced Aggregation, teacher log-probs, turn ids).
     - Memory: each micro-batch carries the replayed rows too (up to twice the rows with `k = G`).
 
     Args:

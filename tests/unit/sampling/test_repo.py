@@ -224,6 +224,7 @@ def test_defaults_are_the_official_setting():
         ({"repo_adv_eps": 0.0}, "repo_adv_eps"),
         ({"beta": 0.04}, "beta=0.0"),
         ({"loss_type": "luspo"}, "loss_type='luspo'"),
+        ({"entropy_coef": 0.01}, "entropy_coef=0"),
     ],
 )
 def test_config_refusals(kw, match):
