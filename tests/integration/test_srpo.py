@@ -11,7 +11,7 @@ import torch
 
 import trl_groupx
 from tests.conftest import grads_differ, one_step
-from tests.integration.objective_helpers import loss_and_grads, ours
+from tests.integration.objective_helpers import assert_split_invariant, loss_and_grads, ours
 
 PEFT = [False, True]
 SRPO = dict(loss_type="srpo")
@@ -96,6 +96,12 @@ def test_no_correct_rollout_gives_grpo_gradient(tmp_path, peft):
     assert not inputs["groupx_srpo_routed"].any() and inputs["groupx_srpo_weights"].eq(0).all()
     for k in g_grpo:
         torch.testing.assert_close(grads[k], g_grpo[k], atol=1e-6, rtol=1e-5)
+
+
+def test_micro_batch_split_does_not_change_the_loss(tmp_path):
+    # weights normalised over the generation batch, one token denominator: two micro-batches = one, off-policy too
+    # (on this batch one micro-batch holds the routed row and the other none: both loss-forward paths run)
+    assert_split_invariant(ours(tmp_path, **SRPO, per_device_train_batch_size=4, gradient_accumulation_steps=2))
 
 
 def test_groups_without_a_correct_rollout_are_not_routed(tmp_path):
