@@ -26,7 +26,9 @@ def _logps(trainer, inputs, replay):
     ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
     mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
     with torch.no_grad():
-        return trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, inputs["completion_ids"].size(1))[0]
+        logps, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask,
+                                                                 inputs["completion_ids"].size(1))
+    return logps
 
 
 def check(out_dir: Path) -> dict:
