@@ -69,6 +69,8 @@ def estimator_calls(num_rewards: int = 2):
                 extra.update(global_step=0, total_steps=1)
             if "prompt_kl" in variant.requires:  # SPO's per-prompt drift: every prompt seen before
                 extra["prompt_kl"] = torch.full((r.numel(),), 0.03, dtype=torch.float64)
+            if "prompt_value_logits" in variant.requires:  # SPPO: the value model's logits (its forward not timed)
+                extra["prompt_value_logits"] = torch.zeros_like(r)
             if "counterfactual_rewards" in variant.requires:  # each episode's run without the credited agent
                 extra["counterfactual_rewards"] = r.flip(0)
             for name in ("greedy_baseline_rewards", "reference_sample_rewards"):  # the extra completion's reward

@@ -12,11 +12,12 @@ import torch
 
 import trl_groupx
 from tests.conftest import build_trainer
+from trl_groupx.toy import tiny_model_path
 from trl_groupx.trainer import VARIANT_STATE_NAME
 
 # Variants whose registry flags make the trainer keep state of its own in `variant_state` (not the variant function):
 # HAPO's adaptive-temperature entropy statistics, computed from one generation batch and used by the next.
-TRAINER_STATE = {"hapo"}
+TRAINER_STATE = {"hapo", "sppo"}  # and SPPO's value model: its weights and optimizer state
 STATEFUL = sorted(v.id for v in trl_groupx.list_variants() if v.stateful or v.id in TRAINER_STATE)
 INTEGRATION = Path(__file__).parent
 
@@ -26,6 +27,8 @@ def _settings(variant) -> dict:
     flags = dict(variant.flags)
     if "gcpo_ref_column" in variant.params:
         flags["gcpo_ref_column"] = "answer"
+    if "sppo_value_model" in variant.params:  # SPPO's value model: the tiny model with a new scalar head
+        flags["sppo_value_model"] = tiny_model_path()
     return flags
 
 
