@@ -38,10 +38,6 @@ from .n_grpo import (
 IDS_KEY, WEIGHTS_KEY = "n_grpo_mix_ids", "n_grpo_mix_weights"
 
 
-def is_on(trainer: Any) -> bool:
-    return getattr(getattr(trainer, "variants", {}).get("sampling"), "id", None) == VARIANT_ID
-
-
 def check_generation_path(trainer: Any) -> None:
     """Construction-time check: the mixed inputs are fed inside TRL's own single-turn transformers generation."""
     for name in ("rollout_func", "tools", "environments"):
