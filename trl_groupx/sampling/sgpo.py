@@ -1,0 +1,228 @@
+"""sGPO (sorted Group Policy Optimization): one offline profiling pass under the initial policy gives each training
+prompt's success rate p̂; trivial prompts (p̂ = 1) are removed, unsolvable ones (p̂ = 0) sub-sampled, and the rest
+are trained on from easy to hard (decreasing p̂).
+
+The curriculum is served through the prompt-selection seam (`prompt_sampler.py`): the profiling pass runs at the
+first training generation (the policy is still the initial one, prepared exactly as for TRL's own generation), its
+result lives in the variant's state, and every generation batch takes the next prompts of the sorted list. The
+variant's rollout-filter function keeps every rollout.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..contracts import RolloutBatch
+from ..registry import register
+from ._scoring import score_aside
+from .prompt_sampler import prompt_selection
+
+VARIANT_ID = "sgpo"
+ORDERS = ("easy_to_hard", "hard_to_easy", "shuffled")
+
+
+def _validate(config: Any) -> None:
+    n = config.sgpo_profile_samples
+    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
+        raise ValueError(f"sgpo_profile_samples={n!r}: use an integer ≥ 2 (profiling completions per prompt; with one "
+                         "sample every prompt looks trivial or unsolvable). Default 4.")
+    keep = config.sgpo_unsolvable_keep
+    if isinstance(keep, bool) or not isinstance(keep, (int, float)) or not 0.0 <= keep <= 1.0:
+        raise ValueError(f"sgpo_unsolvable_keep={keep!r}: use a fraction in [0, 1] of the never-solved prompts to "
+                         "keep (default 0.1; 0 drops them all).")
+    t = config.sgpo_success_threshold
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+        raise ValueError(f"sgpo_success_threshold={t!r}: use a finite reward above which a profiling completion "
+                         "counts as a success (0.5 for 0/1 accuracy rewards).")
+    if config.sgpo_order not in ORDERS:
+        raise ValueError(f"sgpo_order={config.sgpo_order!r}: use one of {ORDERS} ('easy_to_hard' is the paper's "
+                         "curriculum).")
+    if getattr(config, "use_vllm", False):
+        raise ValueError("rollout_filter='sgpo' profiles the prompts with the trainer's transformers generator; it "
+                         "does not run with use_vllm=True yet. Set use_vllm=False.")
+
+
+def success_rates(rewards: torch.Tensor, threshold: float) -> torch.Tensor:
+    """`p̂ (M,)` float64 from profiling rewards `(M, S)`: successes (`reward > threshold`) over scored samples (a NaN
+    reward, every reward function returned None, is no sample); NaN for a prompt with no scored sample."""
+    rewards = rewards.double()
+    if torch.isinf(rewards).any():
+        raise ValueError("rollout_filter='sgpo': a profiling completion got an infinite reward; check the reward "
+                         "functions.")
+    scored = ~torch.isnan(rewards)
+    trials = scored.sum(1)
+    successes = ((rewards > threshold) & scored).sum(1)
+    return torch.where(trials > 0, successes.double() / trials.clamp(min=1), torch.full_like(trials, math.nan,
+                                                                                             dtype=torch.float64))
+
+
+def sgpo_curriculum(p_hat: torch.Tensor, unsolvable_keep: float, order: str, seed: int) -> list[int]:
+    """The kept prompts, in training order, from the profiled success rates `p_hat (M,)`.
+
+    - removed: `p̂ = 1` (trivial) and `p̂ = NaN` (no reward function scored any profiling completion);
+    - unsolvable (`p̂ = 0`): `⌊f · n₀ + 1/2⌋` of the `n₀` kept, `f = unsolvable_keep`, the first of a NumPy
+      permutation seeded `[seed]` of their indices (same on every process and after a resume);
+    - `0 < p̂ < 1`: all kept;
+    - order: `easy_to_hard` by decreasing p̂ (kept unsolvable last), `hard_to_easy` by increasing p̂, ties by dataset
+      index; `shuffled`: a NumPy permutation seeded `[seed, 1]` of the kept indices.
+
+    Raises when nothing is kept (every prompt trivial, or unsolvable with `f` too small)."""
+    p = p_hat.double()
+    index = torch.arange(p.numel())
+    unsolvable = index[p == 0.0]
+    middle = index[(p > 0.0) & (p < 1.0)]
+    n_keep = math.floor(unsolvable_keep * unsolvable.numel() + 0.5)
+    if n_keep:
+        draw = np.random.default_rng([int(seed)]).permutation(unsolvable.numel())[:n_keep]
+        unsolvable = unsolvable[torch.from_numpy(np.sort(draw))]
+    else:
+        unsolvable = unsolvable[:0]
+    kept = torch.cat([middle, unsolvable]).sort().values
+    if kept.numel() == 0:
+        trivial, nan = int((p == 1.0).sum()), int(torch.isnan(p).sum())
+        raise ValueError(f"rollout_filter='sgpo': the profiling pass leaves no prompt to train on ({trivial} of "
+                         f"{p.numel()} solved by every profiling sample, {int((p == 0.0).sum())} by none, {nan} "
+                         "unscored): use harder prompts, raise sgpo_unsolvable_keep, sgpo_profile_samples or "
+                         "sgpo_success_threshold.")
+    if order == "shuffled":
+        return kept[torch.from_numpy(np.random.default_rng([int(seed), 1]).permutation(kept.numel()))].tolist()
+    key = -p[kept] if order == "easy_to_hard" else p[kept]
+    return kept[torch.sort(key, stable=True).indices].tolist()  # stable: ties keep ascending dataset index
+
+
+def profile_success_rates(trainer: Any, dataset: Any, samples: int, threshold: float) -> torch.Tensor:
+    """`p̂ (M,)` of every dataset prompt: `samples` completions each from TRL's generator (the current policy at the
+    run's sampling settings), scored by the run's reward functions (weighted sum, as for rollouts).
+
+    Sharded: each generation round covers `P · C` consecutive prompts, process `p` generating for prompts
+    `p·C … p·C + C − 1` of the round (`C` prompts × `samples` rows, about one local generation batch), the last
+    round padded with the last prompt (discarded). `score_aside` gathers the rewards in process order, i.e. in
+    prompt order, so every process ends with the same `p̂`; every process makes the same generate and reward calls.
+    """
+    if getattr(trainer, "rollout_func", None) is not None or getattr(trainer, "environments", None) or trainer.tools:
+        raise ValueError("rollout_filter='sgpo' profiles prompts with the trainer's own single-turn generator; it "
+                         "cannot reproduce a rollout_func, tools or environments. Drop them, or use another "
+                         "rollout_filter.")
+    acc = trainer.accelerator
+    num_processes, rank = acc.num_processes, acc.process_index
+    size = len(dataset)
+    per_process = max(1, trainer.args.per_device_train_batch_size * trainer.args.steps_per_generation // samples)
+    block = num_processes * per_process
+    rewards = torch.full((size, samples), math.nan, dtype=torch.float64)
+    was_training = trainer.model.training
+    for start in range(0, size, block):
+        mine = [min(start + rank * per_process + c, size - 1) for c in range(per_process)]
+        rows = [dataset[i] for i in mine for _ in range(samples)]
+        prompt_ids, images, multimodal_fields = trainer._tokenize_prompts([copy.deepcopy(r["prompt"]) for r in rows])
+        if images is not None or multimodal_fields:
+            raise ValueError("rollout_filter='sgpo' profiles text prompts only.")
+        trainer._generating_baseline = True  # extra completions at the run's own sampling settings
+        try:
+            completion_ids, _ = trainer._generate_single_turn(prompt_ids, None, {}, samples)
+        finally:
+            trainer._generating_baseline = False
+        trainer.model.train(was_training)
+        per_func = score_aside(trainer, rows, completion_ids).double().cpu()  # (P · C · S, K), process order
+        weighted = (per_func * trainer.reward_weights.double().cpu()).nansum(dim=1)
+        weighted[torch.isnan(per_func).all(dim=1)] = math.nan
+        slots = torch.arange(start, start + block)
+        valid = slots < size
+        rewards[slots[valid]] = weighted.view(block, samples)[valid]
+    return success_rates(rewards, threshold)
+
+
+@prompt_selection(VARIANT_ID)
+def sgpo_select(state: dict, num_prompts: int, dataset_size: int, trainer: Any = None, *, seed: int,
+                sgpo_profile_samples: int, sgpo_success_threshold: float, sgpo_unsolvable_keep: float,
+                sgpo_order: str) -> list[int]:
+    """The prompts of the next generation batch: the next `num_prompts` of the curriculum, wrapping to its start
+    when it is exhausted. Profiles the dataset and builds the curriculum on the first call (state empty)."""
+    if "order" not in state:
+        if trainer is None:
+            raise ValueError("rollout_filter='sgpo' profiles the train dataset: the seam must pass `trainer`.")
+        p_hat = profile_success_rates(trainer, trainer.train_dataset, sgpo_profile_samples, sgpo_success_threshold)
+        order = sgpo_curriculum(p_hat, sgpo_unsolvable_keep, sgpo_order, seed)
+        state.update(p_hat=p_hat, order=torch.tensor(order, dtype=torch.int64), served=0)
+        metrics = trainer._metrics["train"]
+        metrics["groupx/sgpo_kept_fraction"].append(len(order) / dataset_size)
+        metrics["groupx/sgpo_trivial_fraction"].append(float((p_hat == 1.0).double().mean()))
+        metrics["groupx/sgpo_unsolvable_fraction"].append(float((p_hat == 0.0).double().mean()))
+    order = state["order"]
+    if state["p_hat"].numel() != dataset_size:
+        raise ValueError(f"rollout_filter='sgpo' profiled {state['p_hat'].numel()} prompts but the train dataset has "
+                         f"{dataset_size}; resume with the dataset the checkpoint was trained on.")
+    if order.numel() < num_prompts:
+        raise ValueError(f"rollout_filter='sgpo' kept {order.numel()} prompts after profiling but a generation batch "
+                         f"needs {num_prompts} distinct ones: raise sgpo_unsolvable_keep, use a larger dataset, or a "
+                         "smaller generation_batch_size.")
+    served = int(state["served"])
+    chosen = [int(order[(served + j) % order.numel()]) for j in range(num_prompts)]
+    state["served"] = served + num_prompts
+    if trainer is not None:
+        trainer._metrics["train"]["groupx/sgpo_batch_profile_success"].append(
+            float(state["p_hat"][chosen].mean()))
+    return chosen
+
+
+@register(
+    VARIANT_ID,
+    name="sGPO (sorted Group Policy Optimization)",
+    paper="sGPO: Trading Inference FLOPs for Training Efficiency in RLVR, arXiv:2606.08854",
+    official_code=None,
+    stage="sampling",
+    flags={"rollout_filter": VARIANT_ID, "sgpo_profile_samples": 4, "sgpo_success_threshold": 0.5,
+           "sgpo_unsolvable_keep": 0.1, "sgpo_order": "easy_to_hard"},
+    params=("sgpo_profile_samples", "sgpo_success_threshold", "sgpo_unsolvable_keep", "sgpo_order"),
+    stateful=True,
+    validate=_validate,
+)
+def sgpo(batch: RolloutBatch, *, state: dict) -> torch.Tensor:
+    r"""sGPO: train on the profiled prompts, trivial ones removed, unsolvable ones sub-sampled, easy → hard.
+
+    Source: the paper's abstract (arXiv:2606.08854; no official code): "generating a small batch of parallel samples
+    per query under the initial policy" gives an empirical success rate p̂, which drives data filtering ("removing
+    trivial queries and sub-sampling unsolvable ones"), a training group size `G ∝ 1/p̂` and a curriculum "from
+    easy to hard". The method section was not retrievable here; every number below is **our choice**.
+
+    - Profiling (`profile_success_rates`, once, at the first training generation, i.e. under the initial policy):
+      `S = sgpo_profile_samples` completions per dataset prompt from TRL's own generator at the run's sampling
+      settings, scored by the run's reward functions (weighted sum); `p̂_x = #{r > sgpo_success_threshold} / #scored`.
+      The prompts are sharded over the processes and the rewards gathered, so every process holds the same p̂.
+      **Choice**: S = 4 (paper value not found), threshold 0.5 with a strict `>`.
+    - Filtering and order (`sgpo_curriculum`): drop `p̂ = 1`; keep `⌊f·n₀ + ½⌋` of the `n₀` prompts with `p̂ = 0`
+      (`f = sgpo_unsolvable_keep`, **choice** 0.1), drawn with the run's seed; keep every `0 < p̂ < 1`; sort by
+      decreasing p̂ (`sgpo_order="easy_to_hard"`; `"hard_to_easy"` and `"shuffled"` are ablations). A prompt no
+      reward function scored (all NaN) is dropped (**choice**: it would train at advantage 0).
+    - Serving (`sgpo_select`, through the prompt-selection seam): generation batch `t` takes curriculum positions
+      `t·B … t·B + B − 1` modulo the curriculum length `K` (`B = generation_batch_size / num_generations`): after
+      the hardest prompt the curriculum restarts from the easiest (**choice**). The trainer's epoch length stays
+      `len(dataset) // B` generation batches (HF sizes the dataloader before profiling); set `max_steps` to train
+      on the reduced set only.
+    - **Choice**: no variable group size. TRL's repeat sampler, generation batch and advantage tensors use one
+      `num_generations` for the whole run, so the paper's `G ∝ 1/p̂` (p̂ = 0.25 → G = 4) is not implemented; every
+      kept prompt gets `num_generations` rollouts. This is the data side of sGPO only.
+
+    Shapes: `batch.rewards (N,)` → keep `(N,)`, all `True` (no rollout is dropped). Evaluation is untouched.
+
+    State (saved with every checkpoint, so a resumed run neither re-profiles nor moves in the curriculum): `p_hat`
+    `(M,)` float64 (NaN = unscored), `order` `(K,)` int64 dataset indices in training order, `served` (prompts
+    handed out so far), `pending` `(B,)` the prompts of the batch being scored (cleared here).
+
+    Args:
+        batch (`RolloutBatch`): the global generation batch.
+        state (`dict`): the curriculum (see above).
+
+    Returns:
+        `torch.Tensor`: `(N,)` bool, all `True`.
+    """
+    pending = state.get("pending")
+    if pending is not None and pending.numel() and batch.rewards.shape[0] != pending.numel() * batch.group_size:
+        raise ValueError(f"rollout_filter='sgpo': {batch.rewards.shape[0]} rollouts for {pending.numel()} selected "
+                         f"prompts of {batch.group_size} rollouts each.")
+    state["pending"] = torch.zeros(0, dtype=torch.int64)
+    return torch.ones(batch.rewards.shape[0], dtype=torch.bool, device=batch.rewards.device)
