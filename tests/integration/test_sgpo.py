@@ -138,3 +138,13 @@ def test_two_processes_profile_their_shards_and_agree(tmp_path):
     for result in results:
         assert result["ranks_agree"] and result["p_hat_is_scripted"] and result["order_is_curriculum"], result
         assert result["profiled_own_shard"] and result["trained_own_slice"], result
+
+
+def test_a_rollout_func_is_refused_before_profiling(tmp_path):
+    data, texts = _data()
+    reward = ScriptedReward(texts)
+    trainer = ours(tmp_path, reward, data)
+    trainer.rollout_func = lambda *args, **kwargs: None  # TRL would call it for the rollouts; profiling cannot
+    with pytest.raises(ValueError, match="cannot reproduce a rollout_func, tools or environments"):
+        trainer.train()
+    assert reward.calls == []  # nothing was generated or scored
