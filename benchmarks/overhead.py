@@ -58,6 +58,8 @@ def trl_flags(flags: dict) -> dict:
     out = {k: v for k, v in flags.items() if k in TRL_FIELDS}
     if out.get("loss_type", "grpo") not in TRL_LOSS_TYPES:
         out["loss_type"] = "grpo"
+    if out.get("num_generations") == 1:  # sppo's one rollout per prompt: TRL's minimum group, as many rollouts
+        out["num_generations"] = 2
     if out.get("importance_sampling_level") == "turn":  # a trl_groupx ratio level (gagpo's flags): TRL's is per token
         out["importance_sampling_level"] = "token"
     return out
@@ -98,6 +100,8 @@ def measure(name: str, flags: dict, steps: int, tmp: Path) -> dict:
         column.update(edge_grpo_gec_answer_column="answer", edge_grpo_gec_solution_column="answer")
     if "sage_column" in flags:  # SAGE: the toy dataset's reference column
         column["sage_column"] = "answer"
+    if "answer_belief" in requires:  # GRPO-VPS: the toy dataset's reference answers
+        column["belief_probe_answer_column"] = "answer"
     if "teacher_logps" in requires:  # dGRPO's teacher: the tiny model itself (the student's tokenizer)
         from trl_groupx.toy import tiny_model_path
 
@@ -106,6 +110,10 @@ def measure(name: str, flags: dict, steps: int, tmp: Path) -> dict:
         from trl_groupx.toy import tiny_model_path
 
         column["rto_dpo_model"] = tiny_model_path()
+    if "prompt_value_logits" in requires:  # SPPO's value model: the tiny model with a new scalar head
+        from trl_groupx.toy import tiny_model_path
+
+        column["sppo_value_model"] = tiny_model_path()
     if "step_modules" in requires:  # LM calls grouped by module: both trainers run the shipped two-module program
         from trl_groupx.toy.two_module_program import make_two_module_program_rollout
 
@@ -154,6 +162,8 @@ EXTRA_WORK = {
     "step_modules": "timed on the two-module toy program (LM calls grouped by module)",
     "tempered_logps": "one no-grad full-logits forward (log-probs at the tempered temperatures)",
     "dpo_logps": "one no-grad DPO-model forward per generation batch",
+    "prompt_value_logits": "a value-model forward on the prompts and its BCE step (forward + backward) per batch",
+    "answer_belief": "up to K + 1 short no-grad teacher-forced forwards per completion (prompt + prefix + answer)",
     "counterfactual_rewards": "timed on the two-agent toy team; its Solver-only completions decoded and scored",
 }
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import trl
 
 from .advantages.config import AdvantageArgs
+from .advantages.sppo import allow_one_rollout
 from .memory.chunked_logps import ChunkedLogpsArgs
 from .memory.prefix_grouper import PrefixGrouperArgs
 from .objective import AGGREGATIONS, KL_ESTIMATORS, TRL_LOSS_AGGREGATION, TRL_REFERENCE_SURROGATE, resolved_aggregation
@@ -47,7 +48,8 @@ class GRPOConfig(
     """
 
     def __post_init__(self) -> None:
-        super().__post_init__()
+        with allow_one_rollout(self):  # sppo's one rollout per prompt passes TRL's num_generations >= 2 check
+            super().__post_init__()
         validate_config(self)
 
     def active_variants(self) -> dict[str, str]:

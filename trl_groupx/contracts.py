@@ -51,6 +51,16 @@ counterfactual (CCPO): the reward of each episode's run without that agent, whos
 per row as `counterfactual_completion_ids`; decoded and scored like the rollouts by the run's reward functions and
 weights, NaN when unscorable (`trl_groupx.sampling.counterfactual_rewards`).
 
+`prompt_value_logits` (N,) float32 for advantage variants with a learned prompt value (SPPO): the logit `V(x)` of a
+separate value model (`sppo_value_model`, a scalar head at each prompt's last token) for each rollout's prompt, in
+global order, computed before that model's BCE update on the batch (an update in training only); the same on every process
+(`trl_groupx.advantages.sppo_value`).
+
+`judge_scores` (N,) float32 for advantage variants that re-score groups by a user-supplied judge (SGPO,
+`allneg_aifeedback`): the judge's score of each response of the groups the variant selects (all-negative ones, decided
+on the global rewards), NaN elsewhere and in evaluation; each process judges its own rows and the scores are
+gathered (`trl_groupx.advantages.allneg_aifeedback.judge_scores_for_batch`).
+
 Multi-turn step credit (`requires=("step_structure",)`, advantage variants)
     `fn(rewards: (N,), group_size: int, steps: StepBatch, *, <config fields>) -> per-step advantages (S,)`.
     `steps` (`trl_groupx.advantages.step_credit.StepBatch`) lists the `S` model turns of the global batch: episode
@@ -140,6 +150,20 @@ class TokenContext:
             frozen DPO-trained model of `rto_dpo_model` (logits divided by the sampling temperature), no grad, one
             forward per generation batch (`trl_groupx.token_weights.rto`); only for variants that require
             `"dpo_logps"` (RTO).
+        prm_step_ids (`torch.Tensor` or `None`): `(N, T)` long, the reasoning step (0-based, text split at the
+            variant's delimiter) of each completion token of the rows whose steps a process reward model scored, −1
+            on padding and on every other row; with `prm_step_scores` (`trl_groupx.token_weights.verigate_step`).
+        prm_step_scores (`torch.Tensor` or `None`): `(N, S)` float32, the PRM's score of each step, left-aligned,
+            NaN-padded, NaN rows where it was not called (groups the verifier separates, evaluation) or returned
+            `None`; both `None` when no row was scored. Only for variants that require `"prm_step_scores"`
+            (VeriGate step credit; the PRM is called on the degenerate groups only).
+        belief_segment_ids (`torch.Tensor` or `None`): `(N, T)` long, the segment (0-based) of each completion token
+            between the cut points of `trl_groupx.token_weights.belief_probe`, −1 on padding (and on every token of
+            a batch that was not probed); only for variants that require `"answer_belief"` (GRPO-VPS).
+        answer_belief_logps (`torch.Tensor` or `None`): `(N, K + 1)` float32, at each segment boundary `k` (prefix
+            of the first `c_k` completion tokens, `c_0 = 0`) the no-grad teacher-forced log-probability of the row's
+            reference answer appended through the variant's template, under the rollout policy; NaN past the row's
+            last boundary (`trl_groupx.token_weights.belief_probe_forward`); with `belief_segment_ids`.
     """
 
     completion_mask: torch.Tensor
@@ -156,6 +180,10 @@ class TokenContext:
     intra_group_token_divergence: torch.Tensor | None = None
     tempered_logps: torch.Tensor | None = None
     dpo_logps: torch.Tensor | None = None
+    prm_step_ids: torch.Tensor | None = None
+    prm_step_scores: torch.Tensor | None = None
+    belief_segment_ids: torch.Tensor | None = None
+    answer_belief_logps: torch.Tensor | None = None
 
 
 @dataclass
@@ -183,6 +211,13 @@ class ObjectiveContext:
             turn where there is no tool mask); filled when the config sets `importance_sampling_level="turn"`, which
             objectives that take `importance_sampling_level` read through `surrogates.log_ratio` (GAGPO's
             action-level ratio, `trl_groupx.objective.turn_ratio`).
+        self_distill (`SelfDistillBatch` or `None`): SRPO's self-distillation inputs
+            (`trl_groupx.objective.self_teacher.SelfDistillBatch`): `routed (B,)` bool (failed rollouts with a correct
+            sibling), `weights (B, T)` entropy weights, `teacher_topk_logps (B, T, k)` (the self-teacher — the policy
+            re-prompted with a correct sibling — on its top-k tokens, no grad, once per generation batch) and
+            `student_topk_logps (B, T, k)` (the current policy on the same ids, with grad, from the loss forward);
+            filled for objectives that declare `requires=("self_teacher_topk",)`, `None` when no row of the
+            micro-batch is routed.
     """
 
     logps: torch.Tensor
@@ -194,12 +229,13 @@ class ObjectiveContext:
     teacher_logps: torch.Tensor | None = None
     anchor_weights: torch.Tensor | None = None
     turn_ids: torch.Tensor | None = None
+    self_distill: Any = None  # `SelfDistillBatch` for objectives that require "self_teacher_topk", else None
 
 
 # Keyword-only arguments the trainer supplies itself (see `requires` in registry.py), not read from the config.
 TRAINER_SUPPLIED = frozenset({"state", "completion_lengths", "global_step", "total_steps", "steps", "prompt_keys",
                               "greedy_baseline_rewards", "reference_sample_rewards", "prompt_kl",
-                              "counterfactual_rewards"})
+                              "counterfactual_rewards", "judge_scores", "prompt_value_logits"})
 
 
 def config_kwargs(fn: Callable[..., Any], config: Any) -> dict[str, Any]:

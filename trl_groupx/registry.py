@@ -53,12 +53,24 @@ SELECTORS: dict[Stage, str] = {
 # the correct rollouts, from the global generation batch (lightningrl).
 # `dpo_logps` (token variants) fills `TokenContext.dpo_logps`: the sampled tokens' log-probs under the frozen
 # DPO-trained model the trainer loads from `rto_dpo_model` (rto).
+# `prompt_value_logits` (advantage variants): each row's prompt value logit V(x) from the value model the trainer
+# loads from `sppo_value_model` and trains with BCE on the rewards once per generation batch (sppo).
+# `judge_scores` (advantage variants): a user judge's scores of the responses of all-negative groups, NaN elsewhere
+# (allneg_aifeedback).
+# `prm_step_scores` (token variants) fills `TokenContext.prm_step_ids` / `prm_step_scores`: each token's reasoning
+# step and a step PRM's scores, for the groups whose rewards are all equal only (verigate_step).
+# `answer_belief` (token variants) fills `TokenContext.belief_segment_ids` and `answer_belief_logps`: each completion's
+# segments and the policy's teacher-forced log-prob of the reference answer appended at each boundary (belief_probe).
+# `self_teacher_topk` (objectives) fills `ObjectiveContext.self_distill`: the rows routed to self-distillation, the
+# self-teacher's top-k distribution on them (once per generation batch) and the student's log-probs of the same
+# tokens (per micro-batch, with grad) (srpo, `objective/self_teacher.py`).
 KNOWN_REQUIREMENTS = frozenset(
     {"entropies", "old_logps", "ref_logps", "rewards_per_func", "group_structure", "completion_lengths", "global_step",
      "step_structure", "sum_pi_squared", "prompt_keys", "greedy_baseline_rewards", "reference_sample_rewards",
      "token_blocks", "contrast_logps", "prompt_kl", "step_modules",
+     "answer_belief",
      "intra_group_token_divergence", "tempered_logps", "teacher_logps", "counterfactual_rewards",
-     "nll_anchor_weights", "dpo_logps"}
+     "nll_anchor_weights", "dpo_logps", "prompt_value_logits", "judge_scores", "prm_step_scores", "self_teacher_topk"}
 )
 
 _ID_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")

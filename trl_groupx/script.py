@@ -185,6 +185,12 @@ def build_trainer(script_args, training_args, model_args):
     dpo_model = getattr(training_args, "rto_dpo_model", None)  # RTO's DPO model shares the policy's tokenizer
     if dpo_model is not None and (script_args.toy or dpo_model == TOY_MODEL):
         training_args.rto_dpo_model = tiny_model_path()
+    explorer = getattr(training_args, "s2l_po_explorer_model", None)  # S2L-PO's explorer shares the tokenizer
+    if explorer is not None and (script_args.toy or explorer == TOY_MODEL):
+        training_args.s2l_po_explorer_model = tiny_model_path()
+    value_model = getattr(training_args, "sppo_value_model", None)  # SPPO's value model shares the policy's tokenizer
+    if value_model is not None and (script_args.toy or value_model == TOY_MODEL):
+        training_args.sppo_value_model = tiny_model_path()
     if script_args.toy or script_args.dataset_name == TOY_DATASET:
         train_dataset = arithmetic_dataset(n=1024, seed=training_args.seed)
         if training_args.rollout_filter == "consistency_grpo":  # the toy has no paraphrase column: build its own

@@ -78,6 +78,8 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
         self._beta_negative = getattr(self.args, "beta_negative", None)  # MDP-GRPO: β where A < 0
         if (self._kl_estimator != "k3" or self._beta_negative is not None) and "objective" not in self.variants:
             self._reference_objective = get_variant(TRL_REFERENCE_SURROGATE[self.args.loss_type])
+        if getattr(self.args, "rollout_filter", None) == "repo" and "objective" not in self.variants:  # RePO weights
+            self._reference_objective = get_variant(TRL_REFERENCE_SURROGATE[self.args.loss_type])  # replayed rows
         # Rollout-level inputs of the objective, computed on the global batch where the rows still sit in groups.
         objective = self.variants.get("objective")
         self._objective_group_ids = bool(objective and "group_structure" in objective.requires)
@@ -89,6 +91,11 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             from .objective.dgrpo import load_teacher
 
             self._teacher = load_teacher(self)
+        self._self_teacher = None  # SRPO: the self-teacher of the routed failed rollouts (objective/self_teacher.py)
+        if objective is not None and "self_teacher_topk" in objective.requires:
+            from .objective.self_teacher import SelfTeacher
+
+            self._self_teacher = SelfTeacher(self)
         token_variant = self.variants.get("token_weights")
         self._dpo_model = None  # RTO: frozen DPO-trained model of the token rewards (token_weights/rto.py)
         if token_variant is not None and "dpo_logps" in token_variant.requires:
@@ -109,6 +116,11 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             check_baseline_rollouts(self, adv_variant.id, self._baseline_requirement)
         self._baseline_rewards: torch.Tensor | None = None
         self._generating_baseline = False  # set while those extra completions are generated
+        self._explorer = None  # S2L-PO: frozen smaller model generating the explorer batches (sampling/s2l_po.py)
+        if getattr(self.variants.get("sampling"), "id", None) == "s2l_po":
+            from .sampling.s2l_po import load_explorer
+
+            self._explorer = load_explorer(self)
         # CCPO: the reward of each episode's run without the credited agent (sampling/counterfactual_rewards.py)
         self._needs_counterfactual = adv_variant is not None and "counterfactual_rewards" in adv_variant.requires
         if self._needs_counterfactual:
@@ -125,6 +137,16 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
 
             check_generation_path(self)
             self.variant_state[STATE_KEY] = {}
+        if getattr(self.variants.get("sampling"), "id", None) == "sage" and self.args.sage_method == "light":
+            from .sampling.sage import LIGHT_STATE_KEY
+
+            self.variant_state[LIGHT_STATE_KEY] = {}  # SAGE-light's per-prompt hint tracker, saved too
+        self._sage_light_visit = None
+        self._sppo_value = None  # SPPO: the value model V(x), trained with BCE per batch, saved in variant_state
+        if adv_variant is not None and "prompt_value_logits" in adv_variant.requires:
+            from .advantages.sppo_value import load_value_model
+
+            self._sppo_value = load_value_model(self)
 
     # ---- rewards ------------------------------------------------------------------------------------------------
 
@@ -140,10 +162,18 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
     # ---- sampling, advantages, token weights ----------------------------------------------------------------------
 
     def _generate_and_score_completions(self, inputs):
+        if getattr(self.variants.get("sampling"), "id", None) == "n_grpo":  # N-GRPO: a fresh batch of mixing records
+            from .sampling.neighbor_mixing import start_generation_batch
+
+            start_generation_batch(self)
         rewrite_prompts = prompt_rewriter(self.variants.get("sampling")) if self.model.training else None
         if rewrite_prompts is not None:  # iGRPO's best draft, RC-GRPO's reward token (sampling/prompt_rewrite.py)
             inputs = rewrite_prompts(self, inputs)
         output = super()._generate_and_score_completions(inputs)
+        if getattr(self.variants.get("sampling"), "id", None) == "n_grpo":  # N-GRPO: records ride with the rows
+            from .sampling.neighbor_mixing import attach_mixing_records
+
+            attach_mixing_records(self, output)
         if "dapo_dynamic_sampling" in self.variant_state and self.model.training:  # DAPO: refill with new prompts
             from .sampling.dapo_dynamic_sampling import refill_generation_batch
 
@@ -181,6 +211,10 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             from .objective.dgrpo import teacher_token_logps
 
             output["groupx_teacher_logps"] = teacher_token_logps(self, self._teacher, output, _FORWARD_KEYS)
+        if self._self_teacher is not None:  # SRPO: routing and the self-teacher's top-k targets, split with the rows
+            from .objective.self_teacher import self_teacher_targets
+
+            output.update(self_teacher_targets(self, inputs, output))
         if self._turn_ids:  # per row (no other process's rows needed), shuffled and split with the rows by TRL
             from .objective.turn_ratio import completion_turn_ids
 
@@ -189,6 +223,10 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             from .sampling.adaptive_temperature import update_entropy_statistics
 
             update_entropy_statistics(self)
+        if getattr(self.variants.get("sampling"), "id", None) == "repo" and self.model.training:  # RePO: replayed
+            from .sampling.replay import append_replay_rows  # rows, appended last (every per-row tensor exists)
+
+            output = append_replay_rows(self, output)
         return output
 
     def _add_objective_rollout_inputs(self, output: dict[str, Any]) -> None:
@@ -367,6 +405,14 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
                 extra[self._baseline_requirement] = self._baseline_rewards
             if "counterfactual_rewards" in variant.requires:  # CCPO: rewards of the runs without the credited agent
                 extra["counterfactual_rewards"] = self._counterfactual_rewards
+            if "judge_scores" in variant.requires:  # SGPO: a judge re-scores the all-negative groups only
+                from .advantages.allneg_aifeedback import judge_scores_for_batch
+
+                extra["judge_scores"] = judge_scores_for_batch(self, output, rewards, group_size)
+            if "prompt_value_logits" in variant.requires:  # SPPO: V(x) before the value model's update on this batch
+                from .advantages.sppo_value import prompt_value_logits
+
+                extra["prompt_value_logits"] = prompt_value_logits(self, output, rewards)
             if "step_structure" in variant.requires:  # step records live on the CPU (built from Python lists)
                 extra["steps"] = self._steps
                 source = source.cpu()
@@ -438,6 +484,16 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             from .token_weights.rto import dpo_token_logps
 
             dpo = dpo_token_logps(self, self._dpo_model, output, _FORWARD_KEYS)
+        belief_segments = belief_logps = None
+        if "answer_belief" in requires:  # GRPO-VPS: segments and answer log-probs at their boundaries (belief_probe)
+            from .token_weights.belief_probe_forward import answer_belief
+
+            belief_segments, belief_logps = answer_belief(self, output, entropies)
+        prm_step_ids = prm_step_scores = None
+        if "prm_step_scores" in requires:  # VeriGate step credit: the step PRM on the degenerate groups only
+            from .token_weights.verigate_step import prm_steps_for_batch
+
+            prm_step_ids, prm_step_scores = prm_steps_for_batch(self, output, rewards, group_size)
         divergence = None
         if "intra_group_token_divergence" in requires:  # TW-GRPO: full next-token distributions, group by group
             divergence = self._intra_group_token_divergence(output, group_size)
@@ -456,6 +512,10 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             intra_group_token_divergence=divergence,
             tempered_logps=self._gather_padded(tempered),
             dpo_logps=self._gather_padded(dpo),
+            belief_segment_ids=belief_segments,
+            answer_belief_logps=belief_logps,
+            prm_step_ids=prm_step_ids,
+            prm_step_scores=prm_step_scores,
         )
 
     def _contrast_logps(self, output: dict[str, Any]) -> torch.Tensor:
@@ -582,6 +642,12 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
     ):
         """TRL's method, unless `logps_chunk_size` is set: then the LM head runs on `logps_chunk_size` completion
         tokens at a time under activation checkpointing (`trl_groupx/memory/chunked_logps.py`), same outputs."""
+        n_grpo = getattr(self.variants.get("sampling"), "id", None) == "n_grpo"
+        if n_grpo and not getattr(self, "_n_grpo_replaying", False):  # N-GRPO: the rollout's mixed inputs, replayed
+            from .sampling.neighbor_mixing import replayed_logps
+
+            return replayed_logps(self, model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
+                                  compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **multimodal)
         if getattr(self.args, "prefix_grouper", False):  # shared-prefix forward (memory/prefix_grouper.py)
             from .memory.prefix_grouper import prefix_grouped_logps_and_entropies
 
@@ -610,6 +676,15 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
         `hapo_adaptive_temperature`, training generations sample each token at an entropy-adaptive temperature
         (`sampling/adaptive_temperature.py`)."""
         generate = super()._generate_single_turn
+        if getattr(self.variants.get("sampling"), "id", None) == "n_grpo" and self.model.training and not \
+                self._generating_baseline:  # N-GRPO: semantic neighbour mixing (sampling/neighbor_mixing.py)
+            from .sampling.neighbor_mixing import generate_with_neighbor_mixing
+
+            generate = functools.partial(generate_with_neighbor_mixing, self, generate)
+        if self._explorer is not None and self.model.training and not self._generating_baseline:
+            from .sampling.s2l_po import generate_on_explorer_steps  # S2L-PO: the explorer generates on its batches
+
+            generate = functools.partial(generate_on_explorer_steps, self, generate)
         adaptive = getattr(self.args, "hapo_adaptive_temperature", False) and not self._generating_baseline
         if adaptive and self.model.training:  # HAPO: per-token temperature (innermost: one processor per generate)
             from .sampling.adaptive_temperature import generate_with_adaptive_temperature
@@ -631,6 +706,10 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
     # ---- objective ----------------------------------------------------------------------------------------------
 
     def _compute_loss(self, model, inputs):
+        if getattr(self.variants.get("sampling"), "id", None) == "n_grpo":  # N-GRPO: this micro-batch's mixed inputs
+            from .sampling.neighbor_mixing import set_loss_replay
+
+            set_loss_replay(self, inputs)
         objective = self.variants.get("objective") or self._reference_objective
         if objective is None:
             return super()._compute_loss(model, inputs)
@@ -648,10 +727,19 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
         input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
         attention_mask = torch.cat([inputs["prompt_mask"], completion_mask], dim=1)
         mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
-        logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True,
-            compute_aux_loss=self.aux_loss_enabled, **{k: inputs.get(k) for k in _FORWARD_KEYS},
-        )
+        self_distill = None
+        if "groupx_srpo_routed" in inputs and inputs["groupx_srpo_routed"].any():  # SRPO: + the teacher's top-k ids
+            from .objective.self_teacher import SelfDistillBatch, student_forward
+
+            logps, entropies, aux_loss, student_topk = student_forward(
+                self, model, inputs, input_ids, attention_mask, inputs["groupx_srpo_topk_ids"], self.aux_loss_enabled)
+            self_distill = SelfDistillBatch(inputs["groupx_srpo_routed"], inputs["groupx_srpo_weights"],
+                                            inputs["groupx_srpo_teacher_topk_logps"], student_topk)
+        else:
+            logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True,
+                compute_aux_loss=self.aux_loss_enabled, **{k: inputs.get(k) for k in _FORWARD_KEYS},
+            )
         old_logps = inputs.get("old_per_token_logps")
         old_logps = logps.detach() if old_logps is None else old_logps
         advantages = inputs["advantages"]
@@ -660,7 +748,7 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
         ctx = ObjectiveContext(logps, old_logps, advantages, mask, entropies.detach(), inputs.get("groupx_group_ids"),
                                teacher_logps=inputs.get("groupx_teacher_logps"),
                                anchor_weights=inputs.get("groupx_anchor_weights"),
-                               turn_ids=inputs.get("groupx_turn_ids"))
+                               turn_ids=inputs.get("groupx_turn_ids"), self_distill=self_distill)
         per_token_loss = self._call(objective, ctx)
         mode = "train" if self.model.training else "eval"
         if ctx.teacher_logps is not None:  # dGRPO: per-token sampled reverse KL to the teacher (objective/dgrpo.py)
@@ -689,6 +777,11 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             per_token_loss = per_token_loss + kl_coefficient(self.beta, self._beta_negative, advantages) * per_token_kl
             self._metrics[mode]["kl"].append(self._global_masked_mean(per_token_kl, mask))
 
+        if "groupx_replay" in inputs:  # RePO: L_on + repo_off_coef * L_off (sampling/repo.py)
+            from .sampling.repo import replay_token_weights
+
+            per_token_loss = per_token_loss * replay_token_weights(
+                inputs["groupx_replay"], mask, resolved_aggregation(self.args), self.args.repo_off_coef)
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
         aggregation = resolved_aggregation(self.args)
         if aggregation == "global_token_mean":

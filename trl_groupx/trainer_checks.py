@@ -56,11 +56,19 @@ def check_variant_components(trainer: Any, variants: dict[str, Variant]) -> None
         from .sampling.self_hints import check_self_hints
 
         check_self_hints(trainer)
+    if getattr(variants.get("sampling"), "id", None) == "n_grpo":  # mixed inputs: TRL's single-turn generation
+        from .sampling.neighbor_mixing import check_generation_path
+
+        check_generation_path(trainer)
     if getattr(trainer.args, "edge_grpo_gec", False):  # EDGE-GRPO GEC: both reference columns, single-turn generation
         from .sampling.edge_grpo_gec import check_gec
 
         check_gec(trainer)
     token_variant = variants.get("token_weights")
+    if getattr(token_variant, "id", None) == "belief_probe":  # the reference answers, text prompts
+        from .token_weights.belief_probe_forward import check_belief_probe
+
+        check_belief_probe(trainer)
     if token_variant and "token_blocks" in token_variant.requires:  # one text block per reward function
         from .token_weights.blocks import block_tags_field
 

@@ -87,10 +87,14 @@ def build(variant, tmp_path, rewards, **overrides):
         overrides.setdefault("edge_grpo_gec_solution_column", "answer")
     if "sage_column" in variant.params:  # SAGE: the toy dataset's reference column
         overrides.setdefault("sage_column", "answer")
+    if "belief_probe_answer_column" in variant.params:  # GRPO-VPS: the toy dataset's reference answers
+        overrides.setdefault("belief_probe_answer_column", "answer")
     if "teacher_logps" in variant.requires:  # dGRPO's teacher: the tiny model itself (the student's tokenizer)
         overrides.setdefault("opd_teacher_model", tiny_model_path())
     if "dpo_logps" in variant.requires:  # RTO's DPO model: the tiny model itself (the policy's tokenizer)
         overrides.setdefault("rto_dpo_model", tiny_model_path())
+    if "prompt_value_logits" in variant.requires:  # SPPO's value model: the tiny model with a new scalar head
+        overrides.setdefault("sppo_value_model", tiny_model_path())
     if "rc_grpo_prompt_condition_tokens" in variant.params:  # RC-GRPO: the tiny model given its reward tokens
         from trl_groupx.sampling.rctp import save_with_condition_tokens
         from trl_groupx.toy import load_tiny_tokenizer
@@ -133,6 +137,10 @@ def test_unscored_rollouts_get_zero_advantage(variant, tmp_path):
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.id)
 def test_all_equal_groups(variant, tmp_path):
+    if variant.id == "sgpo":  # every profiled prompt solved every time: nothing left to train on, a clear refusal
+        with pytest.raises(ValueError, match="no prompt to train on.*raise sgpo_unsolvable_keep"):
+            one_step(build(variant, tmp_path, (constant, constant_second)))
+        return
     assert_trains(build(variant, tmp_path, (constant, constant_second)))
 
 

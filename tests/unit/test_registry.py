@@ -56,11 +56,15 @@ def test_dispatched_variant_contract(variant):
             kwargs["completion_lengths"] = mask.sum(-1)
         if "prompt_keys" in variant.requires:  # as the trainer fills: one key per prompt, shared by its group
             kwargs["prompt_keys"] = torch.arange(n) // g
+        if "prompt_value_logits" in variant.requires:  # the value model's V(x) logit of each row's prompt
+            kwargs["prompt_value_logits"] = torch.randn(n)
         if "prompt_kl" in variant.requires:  # as the trainer fills: one drift per prompt, NaN for a prompt never seen
             kwargs["prompt_kl"] = torch.tensor([0.03] * g + [float("nan")] * g, dtype=torch.float64)
         for name in ("greedy_baseline_rewards", "reference_sample_rewards"):  # one baseline per rollout, one NaN
             if name in variant.requires:
                 kwargs[name] = torch.tensor([0.5, 0.5, 0.5, 0.5, 1.0, 1.0, 1.0, float("nan")])
+        if "judge_scores" in variant.requires:  # as the trainer fills: the judge's scores on the all-negative group
+            kwargs["judge_scores"] = torch.tensor([float("nan")] * g + [0.5, 0.0, 1.0, float("nan")])
         if "step_structure" in variant.requires:  # per-step output: two turns per episode, a shared first state
             from trl_groupx.advantages.step_credit import StepBatch
 
@@ -103,6 +107,16 @@ def test_dispatched_variant_contract(variant):
             ctx.tempered_logps = (logps[..., None] - 0.5 * torch.rand(n, t, m)) * mask[..., None]
         if "dpo_logps" in variant.requires:  # the DPO model's log-probs of the sampled tokens, as the trainer fills
             ctx.dpo_logps = logps - 0.5 * torch.rand(n, t)
+        if "answer_belief" in variant.requires:  # segments 0,0,1,1,2 and the answer log-probs at their 4 boundaries
+            ctx.belief_segment_ids = torch.where(mask.bool(), torch.tensor([0, 0, 1, 1, 2]).repeat(n, 1), -1)
+            ctx.answer_belief_logps = torch.full((n, config.belief_probe_max_segments + 1), float("nan"))
+            ctx.answer_belief_logps[:, :4] = -torch.rand(n, 4) * 3
+        if "prm_step_scores" in variant.requires:  # as the trainer fills: steps and PRM scores of the degenerate group
+            steps = torch.tensor([0, 0, 1, 1, 2]).repeat(n, 1)
+            ctx.prm_step_ids = torch.where(mask.bool() & (torch.arange(n) >= g)[:, None], steps, -1)
+            ctx.prm_step_scores = torch.full((n, 3), float("nan"))
+            ctx.prm_step_scores[g:] = torch.tensor([[0.5, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 1.0, 1.0], [1.0, 1.0, 1.0]])
+            ctx.prm_step_scores[5] = float("nan")  # the empty completion has no step
         out = variant.fn(torch.zeros(n), ctx, **kwargs)
         assert out.shape == (n, t) and torch.isfinite(out).all() and (out[mask == 0] == 0).all()
     elif variant.stage == "objective":
@@ -114,6 +128,13 @@ def test_dispatched_variant_contract(variant):
             ctx.teacher_logps = logps.detach() - torch.rand(n, t)
         if "nll_anchor_weights" in variant.requires:  # per-rollout NLL weights, 0 on rollouts that were not correct
             ctx.anchor_weights = torch.rand(n) * (torch.rand(n) > 0.5)
+        if "self_teacher_topk" in variant.requires:  # routed rows, entropy weights, top-3 log-probs, as the trainer fills
+            from trl_groupx.objective.self_teacher import SelfDistillBatch
+
+            routed = torch.arange(n) % 2 == 1
+            student = (torch.log(0.9 * torch.softmax(torch.randn(n, t, 3), -1))).requires_grad_()
+            ctx.self_distill = SelfDistillBatch(routed, torch.rand(n, t) * mask * routed[:, None],
+                                                torch.log(0.8 * torch.softmax(torch.randn(n, t, 3), -1)), student)
         out = variant.fn(ctx, **kwargs)
         assert out.shape[0] == n and out.shape[1] in (1, t) and torch.isfinite(out).all()
         (out * mask).sum().backward()

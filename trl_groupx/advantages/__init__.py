@@ -7,6 +7,7 @@ One module per variant (or per family); importing this package registers them al
 
 from .aapo import aapo_advantages
 from .agentflow import agentflow_step_advantages
+from .allneg_aifeedback import allneg_aifeedback_advantages
 from .ccpo import ccpo_step_advantages
 from .dvao import dvao_advantages
 from .ebpo import ebpo_advantages
@@ -34,6 +35,7 @@ from .rloo import rloo_advantages
 from .sign import sign_advantages
 from .softmax_grpo import softmax_grpo_advantages
 from .spo_single import spo_single_advantages
+from .sppo import sppo_advantages
 from .std_dial import std_dial_advantages
 from .two_grpo import two_grpo_advantages
 from .verigate import verigate_advantages
@@ -41,6 +43,7 @@ from .verigate import verigate_advantages
 __all__ = [
     "TRL_STD_EPS",
     "aapo_advantages",
+    "allneg_aifeedback_advantages",
     "remax_advantages",
     "mc_grpo_advantages",
     "agentflow_step_advantages",
@@ -70,6 +73,7 @@ __all__ = [
     "sign_advantages",
     "softmax_grpo_advantages",
     "spo_single_advantages",
+    "sppo_advantages",
     "std_dial_advantages",
     "two_grpo_advantages",
     "verigate_advantages",

@@ -121,6 +121,12 @@ class AdvantageArgs:
     verigate_process_reward_index (`int`, defaults to `1`): VeriGate: position of the process reward model in
         `reward_funcs`, read only in groups whose verifier rewards are all equal; must differ from the verifier's.
 
+    > allneg_aifeedback (SGPO: a step-wise judge re-scores the groups whose responses are all wrong)
+    allneg_aifeedback_judge (`str` or `None`, defaults to `None`): SGPO: registered name of the judge
+        (`register_allneg_judge`; built in: `"arithmetic_prefix"`, the toy task's correct-prefix share); required.
+    allneg_aifeedback_fail_threshold (`float`, defaults to `0.0`): SGPO: a response is wrong when its reward is
+        ≤ this; a group of wrong responses only is judged (0.0 for a 0/1 verifier).
+
     > agentflow, gigpo, hgpo (multi-turn step credit; per-step data from the rollout, see `advantages/step_credit.py`)
     agentflow_episode_stats (`str`, defaults to `"trajectory"`): Flow-GRPO: group statistics over episodes
         (`"trajectory"`, the paper's formula) or over turn rows (`"steps"`, the official verl code: long episodes
@@ -164,6 +170,15 @@ class AdvantageArgs:
         official `ragged` mode crashes on that case, see `advantages/mmgrpo.py`).
     mmgrpo_scale (`bool`, defaults to `False`): mmGRPO: divide by the group's unbiased std + 1e-4 (Arbor
         `scale_rewards`, default off: Dr.GRPO-style centring only).
+
+    > sppo (one rollout per prompt allowed: `num_generations=1`; rewards in [0, 1])
+    sppo_value_model (`str` or `None`, defaults to `None`): SPPO: model id or local path of the value model `V(x)`, a
+        causal LM with the policy's tokenizer given a scalar head (official: the policy's own checkpoint, or a smaller
+        model of its family); required when `advantage_estimator="sppo"`.
+    sppo_value_lr (`float`, defaults to `5e-6`): SPPO: the value model's AdamW learning rate (official
+        `critic.optim.lr` 5e-6; betas, weight decay 0.01 and clip 1.0 are the official constants).
+    sppo_value_mini_batch_size (`int` or `None`, defaults to `None`): SPPO: rows of the global generation batch per
+        value-model step; `None` = the whole batch, one step per generation batch (official 128 of 256: two).
     """
 
     advantage_estimator: str = field(
@@ -325,6 +340,13 @@ class AdvantageArgs:
     verigate_process_reward_index: int = field(
         default=1, metadata={"help": "VeriGate: position of the process reward model in reward_funcs (1)."}
     )
+    # allneg_aifeedback
+    allneg_aifeedback_judge: str | None = field(
+        default=None, metadata={"help": "SGPO: registered name of the step judge of all-negative groups (required)."}
+    )
+    allneg_aifeedback_fail_threshold: float = field(
+        default=0.0, metadata={"help": "SGPO: a response is wrong when its reward is <= this (0.0)."}
+    )
     # ccpo
     ccpo_lambda: float = field(default=0.2, metadata={"help": "CCPO: weight of the counterfactual bonus (0.2)."})
     ccpo_credit: str = field(
@@ -339,4 +361,12 @@ class AdvantageArgs:
     ccpo_scale: bool = field(default=False, metadata={"help": "CCPO: divide by the group std + 1e-6 (official off)."})
     ccpo_credited_agent: str = field(
         default="thinker", metadata={"help": "CCPO: step_modules name of the agent given the counterfactual credit."}
+    )
+    # sppo
+    sppo_value_model: str | None = field(
+        default=None, metadata={"help": "SPPO: value model V(x) (the policy's tokenizer; official: the policy)."}
+    )
+    sppo_value_lr: float = field(default=5e-6, metadata={"help": "SPPO: value model's AdamW learning rate (5e-6)."})
+    sppo_value_mini_batch_size: int | None = field(
+        default=None, metadata={"help": "SPPO: rows per value-model step (None: one step per generation batch)."}
     )

@@ -21,6 +21,7 @@ from .kl import KL_ESTIMATORS, per_token_kl
 from .lightningrl import lightningrl_surrogate, nll_anchor_weights
 from .offpolicy_grpo import offpolicy_grpo_surrogate
 from .reinforce import reinforce_surrogate
+from .srpo import srpo_surrogate
 from .surrogates import TRL_REFERENCE_SURROGATE, cispo_surrogate, clipped_surrogate, log_ratio, sapo_surrogate
 from .thinkless import thinkless_surrogate
 
@@ -57,5 +58,6 @@ __all__ = [
     "reinforce_surrogate",
     "resolved_aggregation",
     "sapo_surrogate",
+    "srpo_surrogate",
     "thinkless_surrogate",
 ]

@@ -75,6 +75,39 @@ class SamplingArgs:
         V₀: candidates scored per generation batch, drawn from the dataset; 0 = the whole dataset.
     v0_value_success_threshold (`float`, *optional*, defaults to `1.0`):
         V₀: a rollout whose weighted reward is at least this value is a success of its prompt.
+    pilot_commit_pilot_samples (`int`, *optional*, defaults to `8`):
+        Pilot-Commit (`rollout_filter="pilot_commit"`): pilot rollouts per candidate prompt (official config 8; paper
+        32 for a commit group of 96). Pilot rollouts only select prompts: they are not trained.
+    pilot_commit_pilot_prompts (`int`, *optional*, defaults to `0`):
+        Pilot-Commit: candidate prompts piloted per round (0 = the generation batch's prompt count, as officially).
+    pilot_commit_band_low (`float`, *optional*, defaults to `0.125`):
+        Pilot-Commit: lowest pilot accuracy p̂ of a buffered (later committed) prompt (paper 0.125).
+    pilot_commit_band_high (`float`, *optional*, defaults to `0.75`):
+        Pilot-Commit: highest pilot accuracy p̂ of a buffered prompt (paper 0.75).
+    pilot_commit_exclude_threshold (`float` or `None`, *optional*, defaults to `1.0`):
+        Pilot-Commit: prompts with p̂ at or above this are never drawn again (paper 1.0; `None` = exclude nothing).
+    pilot_commit_off_steps (`int`, *optional*, defaults to `4`):
+        Pilot-Commit: buffered prompts older than this many generation batches are evicted (official 4).
+    pilot_commit_selection (`str`, *optional*, defaults to `"random"`):
+        Pilot-Commit: which buffered prompts are committed when more wait than fit: `"random"` (official default),
+        `"max_variance"` (largest pilot std, then most recent) or `"most_recent"`.
+    pilot_commit_max_rounds (`int`, *optional*, defaults to `10`):
+        Pilot-Commit: most pilot rounds per generation batch (official 10; 0 = no limit); a batch still short is
+        filled with that batch's piloted prompts nearest to the band.
+    pilot_commit_success_threshold (`float`, *optional*, defaults to `1.0`):
+        Pilot-Commit: a pilot rollout whose weighted reward is at least this value is correct.
+    sgpo_profile_samples (`int`, *optional*, defaults to `4`):
+        sGPO (`rollout_filter="sgpo"`): completions generated per training prompt in the one profiling pass under
+        the initial policy (at the first training generation), giving each prompt's success rate p̂; at least 2.
+        4 is our choice (the paper's count was not retrievable). See `trl_groupx/sampling/sgpo.py`.
+    sgpo_success_threshold (`float`, *optional*, defaults to `0.5`):
+        sGPO: a profiling completion whose weighted reward is above this value is a success (0.5: a 0/1 verifier's 1).
+    sgpo_unsolvable_keep (`float`, *optional*, defaults to `0.1`):
+        sGPO: fraction of the unsolvable prompts (p̂ = 0) kept, drawn with the run's seed, in [0, 1] (our choice;
+        trivial prompts, p̂ = 1, are always removed).
+    sgpo_order (`str`, *optional*, defaults to `"easy_to_hard"`):
+        sGPO: order of the kept prompts, `"easy_to_hard"` (decreasing p̂, the paper's curriculum), `"hard_to_easy"`
+        or `"shuffled"` (filtering only, a seeded permutation).
     igrpo_num_drafts (`int` or `None`, *optional*, defaults to `None`):
         iGRPO (`rollout_filter="igrpo"`): stage-1 drafts sampled per prompt, the best of which is appended to the
         prompt for the trained stage-2 rollouts; `None` = `num_generations` (our choice; the paper's k is not known
@@ -96,6 +129,16 @@ class SamplingArgs:
         column holding each row's semantically equivalent prompt variants (a list in the format of `prompt`, at most
         `num_generations`); rollout `j` of a group answers variant `j mod V`, so the group is the paraphrases.
         Evaluation prompts are not rewritten. See `trl_groupx/sampling/consistency_grpo.py`.
+    s2l_po_explorer_model (`str` or `None`, *optional*, defaults to `None`):
+        S2L-PO (`rollout_filter="s2l_po"`; the catalog's `explorer_model`): model id or local path of the explorer,
+        a frozen smaller model of the policy's family with the same tokenizer (paper: Qwen3-1.7B/4B-Base for
+        Qwen3-8B-Base), which generates the explorer batches. Required unless `s2l_po_anneal_steps=0`.
+    s2l_po_anneal_steps (`int`, *optional*, defaults to `8`):
+        S2L-PO (the catalog's `explorer_frac_schedule`): the official N, logical steps of the anneal; logical step t
+        has explorer share `1 − (t−1)/(N−1)` and runs an explorer-only generation batch then a learner-only one
+        (the first only explorer, the last only learner), after which every batch is the policy's; N = 8 makes
+        generation batches 0, 1, 3, 5, 7, 9, 11 explorer batches. 0 = no explorer batch (plain GRPO). See
+        `trl_groupx/sampling/s2l_po.py`.
     sage_column (`str`, *optional*, defaults to `"solution"`):
         SAGE (`rollout_filter="sage"`): dataset column holding each prompt's reference solution, the privileged
         information the policy writes its hints from (never shown to reward functions or at evaluation).
@@ -109,6 +152,13 @@ class SamplingArgs:
     sage_hint_template (`str`, *optional*, defaults to `"\n\nHere is a hint to help you:\n{hint}"`):
         SAGE: appended to a re-rolled group's prompt (its last user message); `{hint}` is replaced by the level's
         hint. See `trl_groupx/sampling/sage.py`.
+    sage_method (`str`, *optional*, defaults to `"sage"`):
+        SAGE: `"sage"` re-rolls unsolved groups under hints (official default); `"light"` is SAGE-light: each
+        prompt's hint level (0-3) moves with its accuracy at its previous visit, one rollout per step.
+    sage_light_accuracy_min (`float`, *optional*, defaults to `0.0`):
+        SAGE-light: a prompt whose last accuracy is at most this gets the next hint level (official 0).
+    sage_light_accuracy_max (`float`, *optional*, defaults to `0.35`):
+        SAGE-light: a prompt whose last accuracy is above this gets the previous hint level (official 0.35).
     hapo_adaptive_temperature (`bool`, *optional*, defaults to `False`):
         HAPO's Adaptive Temperature Sampling (part of the `hapo` catalog id; on in its registry flags): each token
         is sampled at `temperature · (1 + τ ĥ)`, `ĥ` its next-token entropy normalised by the previous training
@@ -144,11 +194,36 @@ class SamplingArgs:
         GEC: the weighted reward of a fully correct response (official 2 = format + accuracy); below it = corrected.
     edge_grpo_gec_max_prompt_tokens (`int`, *optional*, defaults to `256`):
         GEC: only rows whose prompt has fewer tokens are corrected (official 256).
+    n_grpo_mix_rate (`float`, *optional*, defaults to `0.1`):
+        N-GRPO (`rollout_filter="n_grpo"`): probability that a training generation step feeds, instead of the
+        sampled token's embedding, the mix of the argmax token's and its nearest (cosine) neighbours' embeddings,
+        weighted by their sampling probabilities (official `mix_rate`); in [0, 1], 0 = plain GRPO. The training
+        forwards replay the mixed inputs. See `trl_groupx/sampling/n_grpo.py`.
+    n_grpo_top_k (`int`, *optional*, defaults to `2`):
+        N-GRPO: mixed candidates including the anchor (official `mix_top_k`: 2 = anchor + its nearest neighbour).
+    n_grpo_think_end (`str` or `None`, *optional*, defaults to `"</think>"`):
+        N-GRPO: once a completion has generated these tokens no step mixes (official `answer_start`); `None` = mix
+        in the whole completion.
     edge_grpo_gec_reflect_cue (`str`, *optional*, defaults to `" Wait! Something is wrong here."`):
         GEC: appended to a wrong response in the reflect branch before the policy continues it (official text).
     edge_grpo_gec_reflect_max_new_tokens (`int`, *optional*, defaults to `256`):
         GEC: most tokens the policy generates in the reflect branch (official 256; the corrected response is still
         cut at `max_completion_length`).
+    repo_strategy (`str`, *optional*, defaults to `"highest_k"`):
+        RePO (`rollout_filter="repo"`): which buffered rollouts of a prompt are replayed, `"highest_k"` (largest
+        reward sum, official default) or `"recent_k"` (newest). See `trl_groupx/sampling/repo.py`.
+    repo_k (`int`, *optional*, defaults to `8`):
+        RePO: rollouts replayed per prompt (official `num_replays` 8).
+    repo_min_cache (`int`, *optional*, defaults to `16`):
+        RePO: a prompt is replayed once its buffer holds this many rollouts (official 16; `repo_k <= repo_min_cache`).
+    repo_max_cache (`int`, *optional*, defaults to `16`):
+        RePO: most rollouts kept per prompt, oldest dropped first (official 16).
+    repo_max_prompts (`int` or `None`, *optional*, defaults to `None`):
+        RePO: most prompts kept in the buffer, least recently visited dropped first; `None` = unbounded (official).
+    repo_off_coef (`float`, *optional*, defaults to `1.0`):
+        RePO: weight `c` of the replayed rows' loss, `L = L_on + c L_off` (official `off_policy_loss_coef` 1.0).
+    repo_adv_eps (`float`, *optional*, defaults to `1e-4`):
+        RePO: epsilon of the replayed blocks' split normalisation `(r - mean) / (std + eps)` (official 1e-4).
     """
 
     rollout_filter: str | None = field(
@@ -209,6 +284,45 @@ class SamplingArgs:
     v0_value_success_threshold: float = field(
         default=1.0, metadata={"help": "V₀: reward at or above which a rollout counts as a success."}
     )
+    pilot_commit_pilot_samples: int = field(
+        default=8, metadata={"help": "Pilot-Commit: pilot rollouts per candidate prompt (not trained)."}
+    )
+    pilot_commit_pilot_prompts: int = field(
+        default=0, metadata={"help": "Pilot-Commit: candidates piloted per round (0 = the batch's prompt count)."}
+    )
+    pilot_commit_band_low: float = field(
+        default=0.125, metadata={"help": "Pilot-Commit: lowest pilot accuracy of a committed prompt."}
+    )
+    pilot_commit_band_high: float = field(
+        default=0.75, metadata={"help": "Pilot-Commit: highest pilot accuracy of a committed prompt."}
+    )
+    pilot_commit_exclude_threshold: float | None = field(
+        default=1.0, metadata={"help": "Pilot-Commit: pilot accuracy at or above which a prompt is excluded (None = off)."}
+    )
+    pilot_commit_off_steps: int = field(
+        default=4, metadata={"help": "Pilot-Commit: generation batches a buffered prompt may wait."}
+    )
+    pilot_commit_selection: str = field(
+        default="random", metadata={"help": "Pilot-Commit: buffer rule: random, max_variance or most_recent."}
+    )
+    pilot_commit_max_rounds: int = field(
+        default=10, metadata={"help": "Pilot-Commit: most pilot rounds per generation batch (0 = no limit)."}
+    )
+    pilot_commit_success_threshold: float = field(
+        default=1.0, metadata={"help": "Pilot-Commit: reward at or above which a pilot rollout is correct."}
+    )
+    sgpo_profile_samples: int = field(
+        default=4, metadata={"help": "sGPO: profiling completions per training prompt under the initial policy (>= 2)."}
+    )
+    sgpo_success_threshold: float = field(
+        default=0.5, metadata={"help": "sGPO: a profiling completion with reward above this is a success."}
+    )
+    sgpo_unsolvable_keep: float = field(
+        default=0.1, metadata={"help": "sGPO: fraction of never-solved prompts (p̂ = 0) kept, in [0, 1]."}
+    )
+    sgpo_order: str = field(
+        default="easy_to_hard", metadata={"help": "sGPO: 'easy_to_hard' (paper), 'hard_to_easy' or 'shuffled'."}
+    )
     igrpo_num_drafts: int | None = field(
         default=None, metadata={"help": "iGRPO: stage-1 drafts per prompt (None = num_generations)."}
     )
@@ -229,6 +343,12 @@ class SamplingArgs:
         default=CONSISTENCY_GRPO_COLUMN,
         metadata={"help": "consistency_grpo: dataset column with each row's list of paraphrased prompts."},
     )
+    s2l_po_explorer_model: str | None = field(
+        default=None, metadata={"help": "S2L-PO: model id or local path of the smaller explorer (same tokenizer)."}
+    )
+    s2l_po_anneal_steps: int = field(
+        default=8, metadata={"help": "S2L-PO: official N, logical steps annealing explorer batches to none (0 = GRPO)."}
+    )
     sage_column: str = field(
         default="solution", metadata={"help": "SAGE: dataset column with the reference solution hints come from."}
     )
@@ -245,6 +365,15 @@ class SamplingArgs:
     sage_hint_template: str = field(
         default=SAGE_HINT_TEMPLATE,
         metadata={"help": "SAGE: appended to a re-rolled group's prompt; '{hint}' is replaced by the hint."},
+    )
+    sage_method: str = field(
+        default="sage", metadata={"help": "SAGE: 'sage' (re-roll unsolved groups) or 'light' (per-prompt levels)."}
+    )
+    sage_light_accuracy_min: float = field(
+        default=0.0, metadata={"help": "SAGE-light: last accuracy <= this -> next hint level (official 0)."}
+    )
+    sage_light_accuracy_max: float = field(
+        default=0.35, metadata={"help": "SAGE-light: last accuracy > this -> previous hint level (official 0.35)."}
     )
     hapo_adaptive_temperature: bool = field(
         default=False, metadata={"help": "HAPO: per-token sampling temperature from the next-token entropy."}
@@ -283,12 +412,36 @@ class SamplingArgs:
     edge_grpo_gec_max_prompt_tokens: int = field(
         default=256, metadata={"help": "EDGE-GRPO GEC: only prompts shorter than this are corrected (official 256)."}
     )
+    n_grpo_mix_rate: float = field(
+        default=0.1, metadata={"help": "N-GRPO: probability that a generation step feeds the neighbour mix."}
+    )
+    n_grpo_top_k: int = field(
+        default=2, metadata={"help": "N-GRPO: mixed candidates including the anchor (official mix_top_k)."}
+    )
+    n_grpo_think_end: str | None = field(
+        default="</think>", metadata={"help": "N-GRPO: no mixing once a completion has generated this (None = never)."}
+    )
     edge_grpo_gec_reflect_cue: str = field(
         default=GEC_REFLECT_CUE,
         metadata={"help": "EDGE-GRPO GEC: appended to a wrong response before the policy continues it (reflect)."},
     )
     edge_grpo_gec_reflect_max_new_tokens: int = field(
         default=256, metadata={"help": "EDGE-GRPO GEC: most tokens generated in the reflect branch (official 256)."}
+    )
+    repo_strategy: str = field(
+        default="highest_k", metadata={"help": "RePO: replayed rollouts of a prompt, 'highest_k' or 'recent_k'."}
+    )
+    repo_k: int = field(default=8, metadata={"help": "RePO: rollouts replayed per prompt (official 8)."})
+    repo_min_cache: int = field(
+        default=16, metadata={"help": "RePO: buffered rollouts a prompt needs before it is replayed (official 16)."}
+    )
+    repo_max_cache: int = field(default=16, metadata={"help": "RePO: most rollouts kept per prompt (official 16)."})
+    repo_max_prompts: int | None = field(
+        default=None, metadata={"help": "RePO: most prompts kept in the buffer (LRU); None = unbounded."}
+    )
+    repo_off_coef: float = field(default=1.0, metadata={"help": "RePO: weight of the replayed rows' loss (official 1)."})
+    repo_adv_eps: float = field(
+        default=1e-4, metadata={"help": "RePO: epsilon of the replayed blocks' advantage normalisation (official 1e-4)."}
     )
 
     def __post_init__(self) -> None:

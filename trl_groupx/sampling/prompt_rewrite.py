@@ -3,7 +3,8 @@
 `GRPOTrainer._generate_and_score_completions` calls the active sampling variant's rewriter on the batch's rows
 (training only); TRL then generates, scores and trains every rollout under the rewritten prompt. iGRPO appends each
 group's best draft (`best_draft.py`), RC-GRPO a reward-goal token per rollout (`reward_tokens.py`),
-consistency_grpo one of the row's paraphrases per rollout (`paraphrase_groups.py`).
+consistency_grpo one of the row's paraphrases per rollout (`paraphrase_groups.py`), SAGE-light a hint at each
+prompt's tracked level (`self_hints.py`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ def prompt_rewriter(variant: Any) -> Rewriter | None:
         from .reward_tokens import condition_on_reward_tokens
 
         return condition_on_reward_tokens
+    if variant_id == "sage":  # SAGE-light hints before generation; plain SAGE re-rolls after (identity here)
+        from .self_hints import hint_by_level
+
+        return hint_by_level
     if variant_id == "consistency_grpo":
         from .paraphrase_groups import assign_paraphrase_prompts
 

@@ -10,6 +10,7 @@ the solved-group test) and is the stage's filter, which keeps every rollout.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -40,6 +41,10 @@ SAGE_HINT_REQUEST_TEMPLATE = "Question:\n{question}\n\nSolution:\n{solution}\n"
 #: Appended to the prompt the hinted rollouts are generated from; `{hint}` is replaced (official wording,
 #: hint_trainer.py:_build_answer_messages_with_hint, lines 267-274).
 SAGE_HINT_TEMPLATE = "\n\nHere is a hint to help you:\n{hint}"
+#: `sage`: unsolved groups re-rolled under hints (official default); `light`: SAGE-light's per-prompt hint levels.
+SAGE_METHODS: tuple[str, ...] = ("sage", "light")
+#: `variant_state` key of SAGE-light's per-prompt tracker (saved with the Trainer's checkpoints).
+LIGHT_STATE_KEY = "sage_light"
 #: Extra column of every training row: the prompt as the dataset gave it (reward functions score against it).
 ORIGINAL_PROMPT_COLUMN = "sage_prompt"
 
@@ -68,6 +73,18 @@ def validate(config: Any) -> None:
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
         raise ValueError(f"sage_success_threshold={threshold!r}: use a finite number; a group counts as solved when "
                          "one of its rollouts scores strictly above it (official: 0).")
+    method = config.sage_method
+    if method not in SAGE_METHODS:
+        raise ValueError(f"sage_method={method!r}: use 'sage' (unsolved groups re-rolled under hints, official "
+                         "default) or 'light' (SAGE-light: per-prompt hint levels from the previous visit's accuracy).")
+    low, high = config.sage_light_accuracy_min, config.sage_light_accuracy_max
+    if any(isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1 for v in (low, high)) or \
+            low > high:
+        raise ValueError(f"sage_light_accuracy_min={low!r} and sage_light_accuracy_max={high!r} must lie in [0, 1] "
+                         "with min <= max (official 0 and 0.35).")
+    if method != "light" and (low, high) != (0.0, 0.35):
+        raise ValueError("sage_light_accuracy_min/max only apply with sage_method='light'; set sage_method='light' "
+                         "or leave them at their defaults.")
     if getattr(config, "use_vllm", False):
         raise ValueError(f"rollout_filter={VARIANT_ID!r} writes its hints with transformers `generate` through the "
                          "trainer's own generator; it does not run with use_vllm=True yet. Set use_vllm=False.")
@@ -162,6 +179,26 @@ def solved_groups(rewards: torch.Tensor, group_size: int, threshold: float = 0.0
     return (rewards.view(-1, group_size) > threshold).any(dim=1)  # NaN > t is False
 
 
+def next_hint_level(level: int, accuracy: float | None, accuracy_min: float, accuracy_max: float) -> int:
+    """SAGE-light's hint level `0..3` at a prompt's next visit from its level and accuracy at the last one (official
+    `fit` lines 870-895): up one when `accuracy <= accuracy_min`, down one when `accuracy > accuracy_max`, else the
+    same; a prompt never seen (`accuracy` None) starts without a hint."""
+    if accuracy is None:
+        return 0
+    if accuracy <= accuracy_min:
+        return min(level + 1, len(HINT_LEVELS))
+    if accuracy > accuracy_max:
+        return max(level - 1, 0)
+    return level
+
+
+def prompt_digest(prompt: Any) -> str:
+    """Stable key of a prompt (text or messages) for SAGE-light's tracker: BLAKE2b of its JSON, the same on every
+    process, across runs and after a resume (Python's `hash` is salted)."""
+    text = json.dumps(prompt, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
+
+
 def level_targets(solved: torch.Tensor, hints: list[dict[str, str] | None], level: str) -> list[int]:
     """Groups re-rolled at hint `level`: still unsolved and with a non-empty hint at that level (a group whose
     hint lacks the level skips it and may take the next one, as the official loop does)."""
@@ -179,7 +216,7 @@ def level_targets(solved: torch.Tensor, hints: list[dict[str, str] | None], leve
            "sage_hint_template": SAGE_HINT_TEMPLATE, "epsilon": 0.2, "epsilon_high": 0.28, "beta": 0.0,
            "loss_type": "dapo"},
     params=("sage_column", "sage_success_threshold", "sage_hint_instruction", "sage_hint_request_template",
-            "sage_hint_template"),
+            "sage_hint_template", "sage_method", "sage_light_accuracy_min", "sage_light_accuracy_max"),
     needs=("reference solution column (privileged information the hints are written from)",),
     validate=validate,
 )
@@ -246,9 +283,18 @@ def sage(batch: RolloutBatch) -> torch.Tensor:
     - Choice: each level's re-roll regenerates the local batch with the target rows hinted, as the official
       `run_rollout(gen_batch_to_use)` regenerates the whole batch; TRL's per-call metrics (reward mean, lengths,
       `num_input_tokens_seen`) count every call. A level no process needs is skipped.
-    - `sage-light` (the official off-policy variant: the hint level of a prompt moves up when its accuracy at its
-      previous visit was <= 0.1 and down when > 0.35, one rollout per step, hints from a per-prompt tracker) is not
-      implemented here.
+
+    SAGE-light (`sage_method="light"`, official `trainer.method=sage-light`, `fit` lines 858-1065): no re-roll; a
+    per-prompt tracker (official `RewardTracker`, keyed by the dataset index) keeps each prompt's hint level
+    `ℓ ∈ {0 (none), 1, 2, 3}` and its accuracy `a` at its last visit (share of its `G` rollouts with `r > τ`). At the
+    next visit, *before* generation, `ℓ' = min(ℓ + 1, 3)` if `a <= a_min`, `ℓ' = max(ℓ − 1, 0)` if `a > a_max`, else
+    `ℓ' = ℓ` (a first visit: `ℓ' = 0`; `a_min = sage_light_accuracy_min`, `a_max = sage_light_accuracy_max`, official
+    config 0 and 0.35), `next_hint_level`. Prompts at `ℓ' >= 1` ask the policy for a hint (fresh every visit, the
+    prompt's last parsed hint when the reply does not parse, as the official fallback), the whole group is generated
+    once from `x ⊕ h_ℓ'`, and the tracker stores the level actually applied (0 when no hint at `ℓ'` was available)
+    and the accuracy of this visit. Choice: prompts are keyed by a BLAKE2b digest of the prompt (text or messages,
+    JSON), not a dataset index, so the same prompt shares its tracker entry; the tracker is saved with the Trainer's
+    checkpoints (`variant_state["sage_light"]`) and is identical on every process (updated from gathered rewards).
 
     Logged: `groupx/sage_unsolved_groups` (share of groups unsolved after the first rollout),
     `groupx/sage_hinted_level_{1,2,3}` (share of groups trained at each level), `groupx/sage_hint_failed`,

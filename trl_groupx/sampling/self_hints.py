@@ -4,7 +4,9 @@
 reference column; `reroll_with_hints` runs after TRL's generation and scoring: it asks the policy for hints for the
 unsolved groups (`write_hints`), re-generates them level by level through TRL's own `_generate_and_score_completions`
 and splices the re-rolled groups into the batch (the row merge of `dapo_dynamic_sampling`); `reward_prompts` gives
-reward functions the prompt without the hint.
+reward functions the prompt without the hint. SAGE-light (`sage_method="light"`) instead hints prompts before
+generation from its per-prompt tracker (`hint_by_level`, the prompt rewriter) and updates the tracker from the
+batch's rewards after scoring (`update_hint_levels`).
 """
 
 from __future__ import annotations
@@ -21,12 +23,15 @@ from .best_draft import group_first_rows
 from .dapo_dynamic_sampling import _log_snapshot, merge_outputs, merge_rows, weighted_rewards
 from .sage import (
     HINT_LEVELS,
+    LIGHT_STATE_KEY,
     ORIGINAL_PROMPT_COLUMN,
     VARIANT_ID,
     hint_request,
     hinted_prompt,
     level_targets,
+    next_hint_level,
     parse_hint_levels,
+    prompt_digest,
     reference_text,
     solved_groups,
 )
@@ -101,6 +106,62 @@ def write_hints(trainer: Any, inputs: list[dict[str, Any]],
     return hints, sum(hints[g] is None for g, _ in replies), missing
 
 
+def hint_by_level(trainer: Any, inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """SAGE-light before generation (`sage_method="light"`; identity for `"sage"`): each group's prompt at its
+    tracked next level `>= 1` is generated from `prompt ⊕ hint` (a fresh greedy hint, else the prompt's last parsed
+    one). Every process joins one hint-writing call; what it decided is kept for `update_hint_levels`."""
+    args, acc = trainer.args, trainer.accelerator
+    if args.sage_method != "light":
+        return inputs
+    group_size, local_n, rank = trainer.num_generations, len(inputs), acc.process_index
+    start = rank * local_n
+    tracker = trainer.variant_state[LIGHT_STATE_KEY]
+    inputs = [{**row, ORIGINAL_PROMPT_COLUMN: row.get(ORIGINAL_PROMPT_COLUMN, row["prompt"])} for row in inputs]
+    opened = [((start + i) // group_size, prompt_digest(inputs[i][ORIGINAL_PROMPT_COLUMN]))
+              for i in group_first_rows(local_n, start, group_size)]
+    keys = dict(gather_object(opened) if acc.num_processes > 1 else opened)  # global group -> prompt key
+    num_groups = local_n * acc.num_processes // group_size
+    levels = []
+    for g in range(num_groups):
+        entry = tracker.get(keys[g], {})
+        levels.append(next_hint_level(entry.get("level", 0), entry.get("accuracy"), args.sage_light_accuracy_min,
+                                      args.sage_light_accuracy_max))
+    wanted = torch.tensor([level >= 1 for level in levels])
+    hints, failed, missing = write_hints(trainer, inputs, wanted) if bool(wanted.any()) else ([None] * num_groups,
+                                                                                               0, 0)
+    payloads = [hints[g] or tracker.get(keys[g], {}).get("payload") for g in range(num_groups)]
+    applied = [level if level and payloads[g] and payloads[g].get(HINT_LEVELS[level - 1]) else 0
+               for g, level in enumerate(levels)]
+    trainer._sage_light_visit = (keys, applied, payloads)
+    metrics = trainer._metrics["train"]
+    metrics["groupx/sage_hint_failed"].append(float(failed))
+    metrics["groupx/sage_no_reference"].append(float(missing))
+    for level_index in range(1, len(HINT_LEVELS) + 1):
+        metrics[f"groupx/sage_hinted_level_{level_index}"].append(
+            sum(level == level_index for level in applied) / num_groups)
+    rows = []
+    for i, row in enumerate(inputs):
+        g = (start + i) // group_size
+        hint = payloads[g][HINT_LEVELS[applied[g] - 1]] if applied[g] else None
+        rows.append({**row, "prompt": hinted_prompt(row[ORIGINAL_PROMPT_COLUMN], hint, args.sage_hint_template)}
+                    if hint else row)
+    return rows
+
+
+def update_hint_levels(trainer: Any) -> None:
+    """SAGE-light after scoring: each visited prompt's tracker entry becomes the level applied this visit, the
+    share of its rollouts scoring above `sage_success_threshold` (NaN counts as unsolved) and its last hint. The
+    rewards are gathered, so every process stores the same tracker."""
+    keys, applied, payloads = trainer._sage_light_visit
+    rewards = weighted_rewards(trainer._rewards_per_func, trainer.reward_weights)
+    solved_groups(rewards, trainer.num_generations)  # refuses ±inf rewards
+    accuracy = (rewards.view(-1, trainer.num_generations) > trainer.args.sage_success_threshold).float().mean(1)
+    tracker = trainer.variant_state[LIGHT_STATE_KEY]
+    for g, key in keys.items():
+        tracker[key] = {"level": applied[g], "accuracy": float(accuracy[g]), "payload": payloads[g]}
+    trainer._sage_light_visit = None
+
+
 def reroll_with_hints(
     trainer: Any, inputs: list[dict[str, Any]], output: dict[str, Any], generate: Callable[[list], dict[str, Any]]
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -108,6 +169,9 @@ def reroll_with_hints(
     from its last re-roll, and sets `trainer._rewards_per_func` to the merged global reward matrix (process order).
     `generate` is TRL's `_generate_and_score_completions`; every process joins every call."""
     args, acc = trainer.args, trainer.accelerator
+    if args.sage_method == "light":  # no re-roll: the prompts were hinted before generation
+        update_hint_levels(trainer)
+        return inputs, output
     group_size, procs, rank = trainer.num_generations, acc.num_processes, acc.process_index
     local_n = len(inputs)
     n_global, start = local_n * procs, rank * local_n

@@ -6,6 +6,7 @@ log-probs and entropies (detached); the result replaces `advantages` and flows i
 losses accept `(B, T)` advantages. Padding never enters a statistic.
 """
 
+from .belief_probe import belief_probe_token_advantages
 from .blockwise_adv import blockwise_adv_token_advantages
 from .d3s_token import d3s_token_advantages
 from .dcpo import dcpo_token_advantages
@@ -25,6 +26,7 @@ from .s_grpo_tspmo import s_grpo_tspmo_token_advantages
 from .stapo import stapo_token_advantages
 from .temporal_credit import temporal_credit_token_advantages
 from .tw_grpo import tw_grpo_token_advantages
+from .verigate_step import verigate_step_token_advantages
 from .wapo import wapo_token_advantages
 
 __all__ = [
@@ -46,6 +48,8 @@ __all__ = [
     "s_grpo_tspmo_token_advantages",
     "gcpo_guidance_token_advantages",
     "tw_grpo_token_advantages",
+    "verigate_step_token_advantages",
     "dcpo_token_advantages",
     "rto_token_advantages",
+    "belief_probe_token_advantages",
 ]

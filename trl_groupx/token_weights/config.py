@@ -110,6 +110,13 @@ class TokenWeightArgs:
     blockwise_adv_scale_rewards (`bool`, defaults to `True`): divide each block's advantage by its reward's group
         std (+1e-4), as GRPO; `False` keeps `r_k − baseline`.
 
+    > verigate_step (VeriGate's step credit; the PRM is a registered component, not a reward function)
+    verigate_step_prm (`str` or `None`, defaults to `None`): registered name of the step PRM (`register_step_prm`;
+        built in: `"arithmetic_steps"`, the toy task's first-error steps); required. Called on the completions of
+        groups whose rewards are all equal only.
+    verigate_step_delimiter (`str`, defaults to `"\\n\\n"`): the text that ends a reasoning step (it belongs to the
+        step it ends; a completion without one is one step).
+
     > rs_grpo
     rs_grpo_block_tags (`list[str]`, defaults to `["evidence", "answer"]`): tag names of the reward scopes, one per
         reward function in the same order (same block rules as `blockwise_adv_block_tags`).
@@ -158,6 +165,22 @@ class TokenWeightArgs:
         (official `--dpo_reward_clip`, 0.05 in the paper's script).
     rto_kl_coef (`float`, defaults to `0.01`): coefficient of the reward-side KL penalty `−coef (log π_old −
         log π_ref)` added to each token's reward (official `--init_kl_coef` 0.01); 0 = none.
+
+    > belief_probe
+    belief_probe_coef (`float`, defaults to `0.5`): λ of `A_i + λ · Δ̂` (our choice; 0 = GRPO).
+    belief_probe_max_segments (`int`, defaults to `8`): K, the most segments per completion (K + 1 probe forwards).
+    belief_probe_segmentation (`str`, defaults to `"entropy"`): cut points before the highest-entropy tokens
+        (`"entropy"`) or after each `belief_probe_delimiter` (`"delimiter"`).
+    belief_probe_entropy_top_fraction (`float`, defaults to `0.2`): q; at most `⌊q · n⌋` of a completion's `n` tokens
+        open a segment (entropy cuts).
+    belief_probe_delimiter (`str`, defaults to `"\\n\\n"`): text after which a segment ends (delimiter cuts).
+    belief_probe_answer_column (`str`, defaults to `"solution"`): dataset column of each prompt's reference answer.
+    belief_probe_answer_template (`str`, defaults to `"\\nThe answer is {answer}"`): text appended to the prefix at
+        each boundary; the log-probability of the `{answer}` tokens is the belief.
+    belief_probe_belief (`str`, defaults to `"prob"`): progress as ΔP(answer) (`"prob"`) or Δ log P (`"logprob"`).
+    belief_probe_normalization (`str`, defaults to `"group_rms"`): `"group_rms"`, `"group_zscore"` or `"none"`.
+    belief_probe_sign (`str`, defaults to `"free"`): `"outcome"` clips each token's advantage at 0 so that it never
+        opposes its rollout's outcome sign.
     """
 
     token_weighting: str | None = field(
@@ -256,6 +279,13 @@ class TokenWeightArgs:
     blockwise_adv_scale_rewards: bool = field(
         default=True, metadata={"help": "Blockwise: divide each block's advantage by its reward's group std."}
     )
+    # verigate_step
+    verigate_step_prm: str | None = field(
+        default=None, metadata={"help": "VeriGate step credit: registered name of the step PRM (required)."}
+    )
+    verigate_step_delimiter: str = field(
+        default="\n\n", metadata={"help": "VeriGate step credit: the text that ends a reasoning step ('\\n\\n')."}
+    )
     # rs_grpo
     rs_grpo_block_tags: list[str] = field(
         default_factory=lambda: ["evidence", "answer"],
@@ -308,3 +338,24 @@ class TokenWeightArgs:
         default=0.05, metadata={"help": "RTO: clip of each scaled DPO token reward to ±clip; 0 = no clip."}
     )
     rto_kl_coef: float = field(default=0.01, metadata={"help": "RTO: reward-side KL coefficient per token; 0 = none."})
+    # belief_probe
+    belief_probe_coef: float = field(default=0.5, metadata={"help": "GRPO-VPS: λ of A + λ·progress (0 = GRPO)."})
+    belief_probe_max_segments: int = field(default=8, metadata={"help": "GRPO-VPS: most segments per completion."})
+    belief_probe_segmentation: str = field(
+        default="entropy", metadata={"help": "GRPO-VPS: cut points 'entropy' (top-entropy tokens) or 'delimiter'."}
+    )
+    belief_probe_entropy_top_fraction: float = field(
+        default=0.2, metadata={"help": "GRPO-VPS: at most this share of a completion's tokens open a segment."}
+    )
+    belief_probe_delimiter: str = field(default="\n\n", metadata={"help": "GRPO-VPS: delimiter of 'delimiter' cuts."})
+    belief_probe_answer_column: str = field(
+        default="solution", metadata={"help": "GRPO-VPS: dataset column of the reference answers."}
+    )
+    belief_probe_answer_template: str = field(
+        default="\nThe answer is {answer}", metadata={"help": "GRPO-VPS: text appended at each boundary."}
+    )
+    belief_probe_belief: str = field(default="prob", metadata={"help": "GRPO-VPS: 'prob' (ΔP) or 'logprob'."})
+    belief_probe_normalization: str = field(
+        default="group_rms", metadata={"help": "GRPO-VPS: 'group_rms', 'group_zscore' or 'none'."}
+    )
+    belief_probe_sign: str = field(default="free", metadata={"help": "GRPO-VPS: 'free' or 'outcome' (sign-clipped)."})

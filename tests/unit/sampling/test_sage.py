@@ -109,7 +109,8 @@ def test_filter_keeps_every_rollout_and_refuses_inf():
 def _config(**overrides):
     fields = dict(sage_column="solution", sage_hint_instruction=SAGE_HINT_INSTRUCTION,
                   sage_hint_request_template=SAGE_HINT_REQUEST_TEMPLATE, sage_hint_template=SAGE_HINT_TEMPLATE,
-                  sage_success_threshold=0.0, use_vllm=False, advantage_estimator="grpo")
+                  sage_success_threshold=0.0, use_vllm=False, advantage_estimator="grpo", sage_method="sage",
+                  sage_light_accuracy_min=0.0, sage_light_accuracy_max=0.35)
     return SimpleNamespace(**{**fields, **overrides})
 
 
