@@ -114,6 +114,10 @@ def measure(name: str, flags: dict, steps: int, tmp: Path) -> dict:
         from trl_groupx.toy import tiny_model_path
 
         column["sppo_value_model"] = tiny_model_path()
+    if flags.get("rollout_filter") == "s2l_po":  # S2L-PO's explorer: the tiny model itself (the cost is its generation)
+        from trl_groupx.toy import tiny_model_path
+
+        column["s2l_po_explorer_model"] = tiny_model_path()
     if "step_modules" in requires:  # LM calls grouped by module: both trainers run the shipped two-module program
         from trl_groupx.toy.two_module_program import make_two_module_program_rollout
 
@@ -165,6 +169,20 @@ EXTRA_WORK = {
     "prompt_value_logits": "a value-model forward on the prompts and its BCE step (forward + backward) per batch",
     "answer_belief": "up to K + 1 short no-grad teacher-forced forwards per completion (prompt + prefix + answer)",
     "counterfactual_rewards": "timed on the two-agent toy team; its Solver-only completions decoded and scored",
+    "judge_scores": "the judge on the rows of all-negative groups only",
+    "prm_step_scores": "the step PRM on the rows of all-equal groups only",
+    "self_teacher_topk": "a self-teacher forward over each routed failed rollout re-prompted with a correct sibling "
+                         "(top-k kept); the student's top-k log-probs in the loss forward",
+}
+#: Sampling variants whose extra work is not a requirement: what they add instead of a keep-mask.
+SAMPLING_WORK = {
+    "n_grpo": "an embedding-mixing hook at generation; every log-prob forward replays the mixed inputs",
+    "repo": "a replay buffer; from a prompt's 16th buffered rollout on, k stored rollouts appended to its group "
+            "(none here: 15 steps over 64 prompts revisit none)",
+    "s2l_po": "the explorer generates the batches of the official schedule's explorer steps (here the tiny model "
+              "itself, so the cost is the model swap)",
+    "pilot_commit": "pilot rollouts per candidate prompt, generated and scored, before the committed batch",
+    "sgpo": "one profiling pass over the dataset at the first step (S completions per prompt, scored)",
 }
 
 
@@ -189,6 +207,8 @@ def what_it_adds(name: str) -> str:
         extra = ["a first generation round (k drafts per prompt, default k = G), scored, before the trained one"]
     elif "sage_column" in variant.params:
         extra = ["for unsolved groups: one greedy hint each and up to 3 re-generations of the batch, scored"]
+    if name in SAMPLING_WORK:
+        extra = [*extra, SAMPLING_WORK[name]] if selection_for(name) is not None else [SAMPLING_WORK[name]]
     elif "rc_grpo_prompt_condition_tokens" in variant.params:
         extra = ["a reward token in each training prompt (one token longer); sampled reward tokens masked out"]
     one_forward = {"entropies", "old_logps"} & set(variant.requires) and "tempered_logps" not in variant.requires

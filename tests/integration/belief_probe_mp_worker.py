@@ -4,7 +4,6 @@ answer log-probs, that those of its own first row equal an independent unpadded 
 advantages is the global computation's slice, and that both ranks ran the same number of probe forwards. Writes one
 JSON line per rank to the folder given as argv[1]."""
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -18,7 +17,7 @@ from accelerate.utils import gather_object  # noqa: E402
 import trl_groupx  # noqa: E402
 from tests.conftest import build_trainer  # noqa: E402
 from tests.integration.test_belief_probe import FLAGS, boundaries_of  # noqa: E402
-from tests.integration.torchrun import finish  # noqa: E402
+from tests.integration.torchrun import run_worker  # noqa: E402
 from trl_groupx.contracts import config_kwargs  # noqa: E402
 from trl_groupx.token_weights import belief_probe_forward  # noqa: E402
 
@@ -101,11 +100,5 @@ def check(out_dir: Path) -> dict:
     }
 
 
-def main() -> None:
-    out_dir = Path(sys.argv[1])
-    (out_dir / f"rank{os.environ.get('RANK', '0')}.jsonl").write_text(json.dumps(check(out_dir)))
-
-
 if __name__ == "__main__":
-    main()
-    finish()
+    run_worker(check)

@@ -3,7 +3,6 @@ trains on one micro-batch of its own rows and checks that its teacher log-probs 
 independent forward), and that the logged reverse KL is the masked mean over both ranks' tokens, the same on both.
 Writes one JSON line per rank to the folder given as argv[1]."""
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 
 import trl_groupx  # noqa: E402
 from tests.conftest import build_trainer  # noqa: E402
-from tests.integration.torchrun import finish  # noqa: E402
+from tests.integration.torchrun import run_worker  # noqa: E402
 from trl_groupx.toy import load_tiny_model, load_tiny_tokenizer  # noqa: E402
 
 
@@ -70,11 +69,5 @@ def check(out_dir: Path) -> dict:
     }
 
 
-def main() -> None:
-    out_dir = Path(sys.argv[1])
-    (out_dir / f"rank{os.environ.get('RANK', '0')}.jsonl").write_text(json.dumps(check(out_dir)))
-
-
 if __name__ == "__main__":
-    main()
-    finish()
+    run_worker(check)

@@ -4,7 +4,6 @@ be those of both ranks' completion tokens together (recomputed here from an inde
 gathered), identical on both ranks; the second batch then samples with them on both. Writes one JSON line per rank
 to the folder given as argv[1]."""
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ from accelerate.utils import gather_object  # noqa: E402
 
 import trl_groupx  # noqa: E402
 from tests.conftest import build_trainer  # noqa: E402
-from tests.integration.torchrun import finish  # noqa: E402
+from tests.integration.torchrun import run_worker  # noqa: E402
 from trl_groupx.sampling.adaptive_temperature import STATE_KEY, EntropyStatistics, entropy_statistics  # noqa: E402
 
 
@@ -54,11 +53,5 @@ def check(out_dir: Path) -> dict:
     }
 
 
-def main() -> None:
-    out_dir = Path(sys.argv[1])
-    (out_dir / f"rank{os.environ.get('RANK', '0')}.jsonl").write_text(json.dumps(check(out_dir)))
-
-
 if __name__ == "__main__":
-    main()
-    finish()
+    run_worker(check)

@@ -4,7 +4,6 @@ computed at generation equal a replay of the records the rank's micro-batch carr
 the ranks draw different mixing steps, and the logged mixed-token share is the same global number on both. Writes one
 JSON line per rank to the folder given as argv[1]."""
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ from accelerate.utils import gather_object  # noqa: E402
 
 import trl_groupx  # noqa: E402
 from tests.conftest import build_trainer, one_step  # noqa: E402
-from tests.integration.torchrun import finish  # noqa: E402
+from tests.integration.torchrun import run_worker  # noqa: E402
 from trl_groupx.sampling.neighbor_mixing import WEIGHTS_KEY, set_loss_replay  # noqa: E402
 
 
@@ -51,11 +50,5 @@ def check(out_dir: Path) -> dict:
     }
 
 
-def main() -> None:
-    out_dir = Path(sys.argv[1])
-    (out_dir / f"rank{os.environ.get('RANK', '0')}.jsonl").write_text(json.dumps(check(out_dir)))
-
-
 if __name__ == "__main__":
-    main()
-    finish()
+    run_worker(check)

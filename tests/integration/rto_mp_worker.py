@@ -3,7 +3,6 @@ model and trains on its own rows (groups of 8 straddle the two ranks); its train
 rows' GRPO advantage plus the reward-to-go of their clipped DPO token rewards, recomputed here from an independent
 forward. Writes one JSON line per rank to the folder given as argv[1]."""
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 import trl_groupx  # noqa: E402
 from tests.conftest import build_trainer  # noqa: E402
 from tests.integration.dgrpo_mp_worker import perturbed_teacher  # noqa: E402
-from tests.integration.torchrun import finish  # noqa: E402
+from tests.integration.torchrun import run_worker  # noqa: E402
 
 
 def one_batch(trainer):
@@ -57,11 +56,5 @@ def check(out_dir: Path) -> dict:
     }
 
 
-def main() -> None:
-    out_dir = Path(sys.argv[1])
-    (out_dir / f"rank{os.environ.get('RANK', '0')}.jsonl").write_text(json.dumps(check(out_dir)))
-
-
 if __name__ == "__main__":
-    main()
-    finish()
+    run_worker(check)

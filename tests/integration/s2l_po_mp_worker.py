@@ -3,7 +3,6 @@ explorer; on an explorer batch each rank's completions are the ones a GRPO run o
 rows, on a learner batch they are plain GRPO's; a three-step run (N = 3: explorer, explorer, learner) takes the same
 decision on both ranks at every step without hanging. Writes one JSON line per rank to the folder given as argv[1]."""
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ import torch  # noqa: E402
 import trl_groupx  # noqa: E402
 from tests.conftest import build_trainer  # noqa: E402
 from tests.integration.dgrpo_mp_worker import perturbed_teacher  # noqa: E402
-from tests.integration.torchrun import finish  # noqa: E402
+from tests.integration.torchrun import run_worker  # noqa: E402
 
 FLAG = "groupx/s2l_po_explorer_batch"
 
@@ -56,11 +55,5 @@ def check(out_dir: Path) -> dict:
     }
 
 
-def main() -> None:
-    out_dir = Path(sys.argv[1])
-    (out_dir / f"rank{os.environ.get('RANK', '0')}.jsonl").write_text(json.dumps(check(out_dir)))
-
-
 if __name__ == "__main__":
-    main()
-    finish()
+    run_worker(check)

@@ -4,7 +4,6 @@ model's BCE step (each rank's gradient summed over ranks) must leave both ranks 
 step on the whole global batch in a single process. Writes one JSON line per rank to the folder given as argv[1]."""
 
 import contextlib
-import json
 import os
 import sys
 import types
@@ -18,7 +17,7 @@ from accelerate.utils import gather_object  # noqa: E402
 
 import trl_groupx  # noqa: E402
 from tests.conftest import build_trainer  # noqa: E402
-from tests.integration.torchrun import finish  # noqa: E402
+from tests.integration.torchrun import run_worker  # noqa: E402
 from trl_groupx.advantages.sppo_value import load_value_model  # noqa: E402
 from trl_groupx.toy import tiny_model_path  # noqa: E402
 
@@ -89,11 +88,5 @@ def check(out_dir: Path) -> dict:
     }
 
 
-def main() -> None:
-    out_dir = Path(sys.argv[1])
-    (out_dir / f"rank{os.environ.get('RANK', '0')}.jsonl").write_text(json.dumps(check(out_dir)))
-
-
 if __name__ == "__main__":
-    main()
-    finish()
+    run_worker(check)

@@ -3,7 +3,6 @@ rows each), so a failed row's correct sibling may sit on the other rank. Each ra
 those of the global rewards, that the entropy weights average 1 over both ranks' distillation tokens, and that a step
 trains. Writes one JSON line per rank to the folder given as argv[1]."""
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ from accelerate.utils import gather_object  # noqa: E402
 
 import trl_groupx  # noqa: E402
 from tests.conftest import build_trainer  # noqa: E402
-from tests.integration.torchrun import finish  # noqa: E402
+from tests.integration.torchrun import run_worker  # noqa: E402
 from trl_groupx.objective.self_teacher import route  # noqa: E402
 
 
@@ -46,11 +45,5 @@ def check(out_dir: Path) -> dict:
     }
 
 
-def main() -> None:
-    out_dir = Path(sys.argv[1])
-    (out_dir / f"rank{os.environ.get('RANK', '0')}.jsonl").write_text(json.dumps(check(out_dir)))
-
-
 if __name__ == "__main__":
-    main()
-    finish()
+    run_worker(check)

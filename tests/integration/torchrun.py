@@ -5,11 +5,13 @@ A worker that returns from `main()` with its gloo process group still alive can 
 ("terminate called without an active exception", SIGABRT) after its results are written; `finish()` makes every
 rank wait for the others and tears the group down first, so a non-zero exit code always means a real failure."""
 
+import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -43,3 +45,11 @@ def finish() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+
+def run_worker(check: Callable[[Path], dict]) -> None:
+    """Worker side, the whole `__main__`: `check(out_dir)` (out_dir = argv[1]) is written as this rank's
+    `rank{RANK}.jsonl`, then `finish()`."""
+    out_dir = Path(sys.argv[1])
+    (out_dir / f"rank{os.environ.get('RANK', '0')}.jsonl").write_text(json.dumps(check(out_dir)))
+    finish()

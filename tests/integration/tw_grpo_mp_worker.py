@@ -4,7 +4,6 @@ discarded forward so that both run two). Checks that every rank's `intra_group_t
 recomputed here from each group's unpadded rows (gathered as token lists) by an independent forward and loops, and
 that both ranks hold the same numbers. Writes one JSON line per rank to the folder given as argv[1]."""
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ from trl.trainer.utils import pad  # noqa: E402
 import trl_groupx  # noqa: E402
 from tests.conftest import build_trainer  # noqa: E402
 from tests.integration.test_tw_grpo import TEMPERATURE, divergence_loops, independent_logps  # noqa: E402
-from tests.integration.torchrun import finish  # noqa: E402
+from tests.integration.torchrun import run_worker  # noqa: E402
 
 
 def check(out_dir: Path) -> dict:
@@ -68,11 +67,5 @@ def check(out_dir: Path) -> dict:
     }
 
 
-def main() -> None:
-    out_dir = Path(sys.argv[1])
-    (out_dir / f"rank{os.environ.get('RANK', '0')}.jsonl").write_text(json.dumps(check(out_dir)))
-
-
 if __name__ == "__main__":
-    main()
-    finish()
+    run_worker(check)
