@@ -134,3 +134,21 @@ def test_rollout_func_is_refused_at_construction(tmp_path):
 
     with pytest.raises(ValueError, match="rollout_func"):
         ours(tmp_path, rollout_filter="logit_avg", rollout_func=rollout_func)
+
+
+def test_old_log_probs_of_the_ratio_are_the_mixed_policys(tmp_path):
+    # steps_per_generation 2 with one accumulation step: TRL computes the old log-probs at generation, through the
+    # same log-prob method; the moved policy makes mixed and plain log-probs differ
+    trainer = ours(tmp_path, rollout_filter="logit_avg", steps_per_generation=2)
+    _move_policy(trainer, False)
+    _, _, inputs = one_step(trainer)
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+    t = inputs["completion_ids"].size(1)
+    with torch.no_grad():
+        mixed, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, t)
+    policy = _logits(trainer.model, ids, mask)[:, -t - 1 : -1] / trainer.temperature
+    plain = policy.log_softmax(-1).gather(-1, inputs["completion_ids"][..., None]).squeeze(-1)
+    real = inputs["completion_mask"].bool()
+    torch.testing.assert_close(inputs["old_per_token_logps"][real], mixed[real])
+    assert not torch.allclose(inputs["old_per_token_logps"][real], plain[real], atol=1e-3)
