@@ -143,6 +143,7 @@ def _append(output: dict[str, Any], rows: list, advantages: torch.Tensor, prompt
         merged["advantages"] = torch.cat([right(on_adv, 0.0), advantages.to(on_adv.dtype)[:, None].expand(-1, width)])
     else:
         merged["advantages"] = torch.cat([on_adv, advantages.to(on_adv.dtype)])
-    merged[REPLAY_FLAG] = torch.cat([output[REPLAY_FLAG], torch.ones(len(rows), device=device)])
+    if REPLAY_FLAG in output:  # RePO weights its replayed rows; other callers append ordinary rows
+        merged[REPLAY_FLAG] = torch.cat([output[REPLAY_FLAG], torch.ones(len(rows), device=device)])
     return merged
 
