@@ -164,6 +164,12 @@ class TokenContext:
             of the first `c_k` completion tokens, `c_0 = 0`) the no-grad teacher-forced log-probability of the row's
             reference answer appended through the variant's template, under the rollout policy; NaN past the row's
             last boundary (`trl_groupx.token_weights.belief_probe_forward`); with `belief_segment_ids`.
+        segment_mc_values (`torch.Tensor` or `None`): `(N, T)` float32, at each cut token `j` of a completion (its
+            low-probability tokens, `trl_groupx.token_weights.spo_segment.cut_points`) the mean reward of K
+            continuations of `prompt + completion[:j]` sampled from the policy by TRL's generator and scored by the
+            run's reward functions as the response `completion[:j] + continuation`; NaN elsewhere and in evaluation
+            (`trl_groupx.token_weights.spo_segment_rollouts`); only for variants that require `"segment_mc_values"`
+            (SPO-chain).
     """
 
     completion_mask: torch.Tensor
@@ -184,6 +190,7 @@ class TokenContext:
     prm_step_scores: torch.Tensor | None = None
     belief_segment_ids: torch.Tensor | None = None
     answer_belief_logps: torch.Tensor | None = None
+    segment_mc_values: torch.Tensor | None = None
 
 
 @dataclass

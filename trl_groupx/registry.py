@@ -61,6 +61,8 @@ SELECTORS: dict[Stage, str] = {
 # step and a step PRM's scores, for the groups whose rewards are all equal only (verigate_step).
 # `answer_belief` (token variants) fills `TokenContext.belief_segment_ids` and `answer_belief_logps`: each completion's
 # segments and the policy's teacher-forced log-prob of the reference answer appended at each boundary (belief_probe).
+# `segment_mc_values` (token variants) fills `TokenContext.segment_mc_values`: at each low-probability cut point of a
+# completion, the mean reward of K continuations of prompt + prefix from TRL's generator (spo_segment).
 # `self_teacher_topk` (objectives) fills `ObjectiveContext.self_distill`: the rows routed to self-distillation, the
 # self-teacher's top-k distribution on them (once per generation batch) and the student's log-probs of the same
 # tokens (per micro-batch, with grad) (srpo, `objective/self_teacher.py`).
@@ -68,7 +70,7 @@ KNOWN_REQUIREMENTS = frozenset(
     {"entropies", "old_logps", "ref_logps", "rewards_per_func", "group_structure", "completion_lengths", "global_step",
      "step_structure", "sum_pi_squared", "prompt_keys", "greedy_baseline_rewards", "reference_sample_rewards",
      "token_blocks", "contrast_logps", "prompt_kl", "step_modules",
-     "answer_belief",
+     "answer_belief", "segment_mc_values",
      "intra_group_token_divergence", "tempered_logps", "teacher_logps", "counterfactual_rewards",
      "nll_anchor_weights", "dpo_logps", "prompt_value_logits", "judge_scores", "prm_step_scores", "self_teacher_topk"}
 )

@@ -37,6 +37,7 @@ TOY_OVERRIDES = {
     "belief_probe": ["--belief_probe_answer_column", "answer"],  # the toy dataset's answers (the recipe's: solution)
     "motif": ["--warmup_steps", "0"],  # warmup from lr 0: a one-step run would not move
     "igrpo": ["--igrpo_draft_template", " {draft}"],  # after the recipe's note the toy's refinements all score alike
+    "spo_segment": ["--temperature", "1.0"],  # at 0.6 the toy's groups are all-equal and its tokens confident (no cut)
 }
 
 

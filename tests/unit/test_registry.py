@@ -117,6 +117,9 @@ def test_dispatched_variant_contract(variant):
             ctx.prm_step_scores = torch.full((n, 3), float("nan"))
             ctx.prm_step_scores[g:] = torch.tensor([[0.5, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 1.0, 1.0], [1.0, 1.0, 1.0]])
             ctx.prm_step_scores[5] = float("nan")  # the empty completion has no step
+        if "segment_mc_values" in variant.requires:  # MC values at cut tokens 1 and 3, NaN elsewhere (as filled)
+            ctx.segment_mc_values = torch.full((n, t), float("nan"))
+            ctx.segment_mc_values[:, 1], ctx.segment_mc_values[:, 3] = torch.rand(n), torch.rand(n)
         out = variant.fn(torch.zeros(n), ctx, **kwargs)
         assert out.shape == (n, t) and torch.isfinite(out).all() and (out[mask == 0] == 0).all()
     elif variant.stage == "objective":

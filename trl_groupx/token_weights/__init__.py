@@ -23,6 +23,7 @@ from .otb import otb_token_advantages
 from .rs_grpo import rs_grpo_token_advantages
 from .rto import rto_token_advantages
 from .s_grpo_tspmo import s_grpo_tspmo_token_advantages
+from .spo_segment import spo_segment_token_advantages
 from .stapo import stapo_token_advantages
 from .temporal_credit import temporal_credit_token_advantages
 from .tw_grpo import tw_grpo_token_advantages
@@ -52,4 +53,5 @@ __all__ = [
     "dcpo_token_advantages",
     "rto_token_advantages",
     "belief_probe_token_advantages",
+    "spo_segment_token_advantages",
 ]

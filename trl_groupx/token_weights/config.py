@@ -181,6 +181,16 @@ class TokenWeightArgs:
     belief_probe_normalization (`str`, defaults to `"group_rms"`): `"group_rms"`, `"group_zscore"` or `"none"`.
     belief_probe_sign (`str`, defaults to `"free"`): `"outcome"` clips each token's advantage at 0 so that it never
         opposes its rollout's outcome sign.
+
+    > spo_segment
+    spo_segment_num_rollouts (`int`, defaults to `9`): K, Monte-Carlo continuations per cut point (official 9; each
+        cut costs K extra generations of up to `max_completion_length − j` tokens).
+    spo_segment_prob_threshold (`float`, defaults to `0.9`): τ; tokens sampled with probability below it are the cut
+        candidates, and the only tokens that get an advantage (official 0.9).
+    spo_segment_cut_interval (`int`, defaults to `5`): every interval-th low-probability token is a cut point
+        (official SPO-chain int5).
+    spo_segment_max_cut_points (`int` or `None`, defaults to `None`): at most this many cut points per completion, the
+        first ones (None: all, as the official code); caps the cost.
     """
 
     token_weighting: str | None = field(
@@ -359,3 +369,14 @@ class TokenWeightArgs:
         default="group_rms", metadata={"help": "GRPO-VPS: 'group_rms', 'group_zscore' or 'none'."}
     )
     belief_probe_sign: str = field(default="free", metadata={"help": "GRPO-VPS: 'free' or 'outcome' (sign-clipped)."})
+    # spo_segment
+    spo_segment_num_rollouts: int = field(default=9, metadata={"help": "SPO-chain: K continuations per cut point."})
+    spo_segment_prob_threshold: float = field(
+        default=0.9, metadata={"help": "SPO-chain: τ; tokens with probability below it are cut candidates."}
+    )
+    spo_segment_cut_interval: int = field(
+        default=5, metadata={"help": "SPO-chain: every interval-th low-probability token is a cut point."}
+    )
+    spo_segment_max_cut_points: int | None = field(
+        default=None, metadata={"help": "SPO-chain: most cut points per completion (None: all)."}
+    )
