@@ -38,9 +38,9 @@ A_FAIL = -0.25 / 0.5001
 A_EXTRA = 0.8 / (math.sqrt(0.2) + 1e-4)
 
 
-def _trainer(tmp_path, name, *, peft=False, **overrides):
+def _trainer(tmp_path, name, *, peft=False, reward_funcs=scripted_reward, **overrides):
     return build_trainer(trl_groupx.GRPOTrainer, trl_groupx.GRPOConfig, tmp_path / name, peft=peft, dataset=DATASET,
-                         num_generations=G, reward_funcs=scripted_reward, **{"loss_type": "grpo", **overrides})
+                         num_generations=G, reward_funcs=reward_funcs, **{"loss_type": "grpo", **overrides})
 
 
 def _spy(trainer):
@@ -175,3 +175,40 @@ def test_resume_continues_exactly(tmp_path):
         assert all(torch.equal(x, y) for x, y in zip(a["buffer"][name], b["buffer"][name], strict=True)), name
     for (name, p), (_, q) in zip(full.model.named_parameters(), resumed.model.named_parameters(), strict=True):
         assert torch.equal(p, q), name
+
+
+def test_truncated_and_unscored_extra_rollouts_are_not_appended(tmp_path):
+    # max 3 tokens: with mask_truncated_completions the block's success is appended only if it ended with EOS
+    seen = set()
+    for seed in (0, 1):  # on the tiny model: seed 0's success is cut at 3 tokens, seed 1's ends with EOS
+        trainer = _trainer(tmp_path, f"trunc{seed}", **EFRAME, eframe_replay_freq=0, max_completion_length=3,
+                           mask_truncated_completions=True)
+        calls = _spy(trainer)
+        _, _, inputs = one_step(trainer, seed=seed)
+        ended = calls[1]["completions"][0][-1] in trainer.eos_token_ids
+        assert inputs["completion_ids"].size(0) == 8 + int(ended)
+        seen.add(ended)
+    assert seen == {False, True}
+
+    # unscored extra rollouts (None): NaN rewards, advantage 0, nothing appended; the all-NaN group is not explored
+    def unscored_extras(completions, prompts, **kwargs):
+        return scripted_reward(completions, prompts) if len(completions) == 2 * G else [None] * len(completions)
+
+    trainer = _trainer(tmp_path, "nan", **EFRAME, eframe_replay_freq=0, reward_funcs=unscored_extras)
+    calls = _spy(trainer)
+    _, loss_grads, inputs = one_step(trainer, seed=0)
+    assert len(calls) == 2 and inputs["completion_ids"].size(0) == 8
+    assert all(torch.isfinite(g).all() for g in loss_grads.values())
+
+
+def test_no_exploration_or_replay_in_evaluation(tmp_path):
+    trainer = _trainer(tmp_path, "eval", **EFRAME, eframe_replay_freq=1)
+    one_step(trainer, seed=0)
+    before = {k: list(v) for k, v in trainer.variant_state["eframe"]["buffer"].items()}
+    calls = _spy(trainer)
+    trainer.model.eval()
+    torch.manual_seed(0)
+    inputs = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    assert len(calls) == 1 and inputs["completion_ids"].size(0) == 8
+    assert trainer.variant_state["eframe"]["batches"] == 1
+    assert trainer.variant_state["eframe"]["buffer"]["advantages"] == before["advantages"]

@@ -47,6 +47,10 @@ def validate(config: Any) -> None:
         raise ValueError("rollout_filter='eframe' with use_vllm=True: the extra rollouts are generated through "
                          "transformers `generate` and appended rows carry no vLLM sampling log-probs; set "
                          "use_vllm=False.")
+    if getattr(config, "token_weighting", None) is not None:
+        raise ValueError(f"rollout_filter='eframe' with token_weighting={config.token_weighting!r}: EFRame selects rows "
+                         "by a per-rollout advantage and appends rows with one advantage each; per-token advantages "
+                         "are not supported. Unset token_weighting.")
     if getattr(config, "generation_temperatures", None) is not None:
         raise ValueError("rollout_filter='eframe' with generation_temperatures: the extra rollouts have their own "
                          "temperature (eframe_extra_temperature); unset generation_temperatures.")
@@ -124,6 +128,11 @@ def eframe(batch: RolloutBatch, *, state: dict) -> torch.Tensor:
     - Behaviour log-probs of the exploration rows are computed by a no-grad forward at the trainer's `temperature`
       (official `_compute_old_log_probs` at the actor's temperature), not at the sampling temperature 1.2.
     - NaN rewards: a group with no scored reward is not all-fail; unscored rows get `A = 0` and are filtered.
+    - The extra groups' advantages use TRL's eps 1e-4 (official 1e-6), which moves no |A| across 1 for binary rewards.
+      With `mask_truncated_completions=True`, truncated extra rollouts (TRL's rule: last token neither EOS nor pad)
+      are not appended (their rewards still enter their group's statistics).
+    - The official rollout n = 5 (`examples/config.yaml`) is in the recipe, not in `flags`: the contract suite's
+      batch of 8 rows needs a group size dividing it.
     - Official clip (0.8, 1.2) (`clip_ratio_high` ignored, see the note in official-code) is TRL's `epsilon=0.2`.
       The official KL loss (1e-2) is refused (`beta` must be 0): the appended rows carry no reference log-probs.
     - Not supported (refused): vLLM, `generation_temperatures`, rollout_func/tools, multimodal inputs, per-token

@@ -41,6 +41,9 @@ Row = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, float]  # prompt id
 def eframe_step(trainer: Any, inputs: list[dict[str, Any]], output: dict[str, Any]) -> dict[str, Any]:
     """Filter, explore, store and replay (see the module docstring); returns `output` with this process's share of
     the appended rows."""
+    if getattr(trainer, "rollout_func", None) is not None or getattr(trainer, "environments", None) or trainer.tools:
+        raise ValueError(f"rollout_filter={VARIANT_ID!r} generates the extra rollouts with the trainer's own "
+                         "single-turn generator; it cannot reproduce a rollout_func, tools or environments. Drop them.")
     unknown = set(output) - SUPPORTED_KEYS
     if unknown:
         raise NotImplementedError(
@@ -160,6 +163,11 @@ def explore(trainer: Any, inputs: list[dict[str, Any]], hard: list[int], prompts
     ids = acc.gather(acc.pad_across_processes(local.to(device), dim=1, pad_index=pad_id)).cpu()
     lens = acc.gather(local_len.to(device)).cpu()
 
+    truncated = torch.zeros(ids.size(0), dtype=torch.bool)
+    if trainer.mask_truncated_completions:  # TRL's rule for the rollouts: the last token is neither EOS nor pad
+        ends = [*trainer.eos_token_ids, pad_id]
+        truncated = torch.tensor([int(lens[r]) == 0 or int(ids[r, lens[r] - 1]) not in ends
+                                  for r in range(ids.size(0))])
     chosen: list[tuple[int, int]] = []  # (hard group, row of the gathered extra batch)
     for q in range(processes):
         for j in range(share):
@@ -167,7 +175,7 @@ def explore(trainer: Any, inputs: list[dict[str, Any]], hard: list[int], prompts
                 continue  # a padding repeat
             for k in range(extra_n):
                 row = (q * share + j) * extra_n + k
-                if abs(float(adv[row])) > args.eframe_extra_keep_threshold:
+                if abs(float(adv[row])) > args.eframe_extra_keep_threshold and not truncated[row]:
                     chosen.append((hard[q * share + j], row))
     trainer._metrics["train"]["groupx/eframe_extra_reward_mean"].append(
         float(torch.nanmean(rewards.view(processes, share, extra_n)[

@@ -103,6 +103,8 @@ def test_stage_keeps_everything_and_refuses_inf():
     ("eframe_replay_size", 0.0, "eframe_replay_size"),
     ("beta", 0.01, "beta"),
     ("generation_temperatures", [1.0, 1.2], "generation_temperatures"),
+    ("token_weighting", "gtpo_entropy", "token_weighting"),
+    ("use_vllm", True, "use_vllm"),
 ])
 def test_config_refusals(tmp_path, flag, value, match):
     with pytest.raises(ValueError, match=match):
