@@ -167,6 +167,10 @@ def spo_segment_token_advantages(advantages: torch.Tensor, ctx: TokenContext, *,
         a constant-per-batch scale, not a direction change.
       * Whitening over the whole generation batch on every process (the official over each PPO mini-batch); with
         fewer than two tokens the variance is 0.
+      * A continuation is scored by the run's reward functions as the response `y[:j] + continuation`, also when it
+        ran out of tokens (the official code gives a rollout that stopped at its length limit the task's
+        unfinished-response penalty instead); its budget is `max_completion_length − j` (see
+        `spo_segment_rollouts`).
       * A cut whose K continuations are all unscored (NaN) is dropped: its segment merges with the previous one.
         Unscored rollouts (NaN reward) and rollouts the sampling stage dropped get 0 and stay out of the statistics;
         ±inf rewards raise.
