@@ -212,3 +212,13 @@ def test_no_exploration_or_replay_in_evaluation(tmp_path):
     assert len(calls) == 1 and inputs["completion_ids"].size(0) == 8
     assert trainer.variant_state["eframe"]["batches"] == 1
     assert trainer.variant_state["eframe"]["buffer"]["advantages"] == before["advantages"]
+
+
+def test_appended_rows_split_over_micro_batches(tmp_path):
+    """steps_per_generation 2: the one kept extra row and a null row (no loss token) make 8 + 2 rows, 5 a micro-batch."""
+    trainer = _trainer(tmp_path, "spg", **EFRAME, eframe_replay_freq=0, per_device_train_batch_size=4,
+                       gradient_accumulation_steps=2)
+    _, _, first = one_step(trainer, seed=0)
+    assert first["completion_ids"].size(0) == 5
+    assert trainer._metrics["train"]["groupx/eframe_extra_rows"] == [1.0]
+    assert first["num_items_in_batch"] > 0
