@@ -227,6 +227,10 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             from .sampling.replay import append_replay_rows  # rows, appended last (every per-row tensor exists)
 
             output = append_replay_rows(self, output)
+        if getattr(self.variants.get("sampling"), "id", None) == "eframe" and self.model.training:  # EFRame: filter,
+            from .sampling.eframe_glue import eframe_step  # exploration rows, replay buffer (sampling/eframe.py)
+
+            output = eframe_step(self, inputs, output)
         return output
 
     def _add_objective_rollout_inputs(self, output: dict[str, Any]) -> None:
@@ -489,6 +493,11 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             from .token_weights.belief_probe_forward import answer_belief
 
             belief_segments, belief_logps = answer_belief(self, output, entropies)
+        segment_values = None
+        if "segment_mc_values" in requires:  # SPO-chain: MC values at the low-probability cut points (spo_segment)
+            from .token_weights.spo_segment_rollouts import segment_mc_values
+
+            segment_values = segment_mc_values(self, output, logps)
         prm_step_ids = prm_step_scores = None
         if "prm_step_scores" in requires:  # VeriGate step credit: the step PRM on the degenerate groups only
             from .token_weights.verigate_step import prm_steps_for_batch
@@ -514,6 +523,7 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             dpo_logps=self._gather_padded(dpo),
             belief_segment_ids=belief_segments,
             answer_belief_logps=belief_logps,
+            segment_mc_values=segment_values,
             prm_step_ids=prm_step_ids,
             prm_step_scores=prm_step_scores,
         )
@@ -642,6 +652,12 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
     ):
         """TRL's method, unless `logps_chunk_size` is set: then the LM head runs on `logps_chunk_size` completion
         tokens at a time under activation checkpointing (`trl_groupx/memory/chunked_logps.py`), same outputs."""
+        if getattr(self.variants.get("sampling"), "id", None) == "logit_avg":  # log-probs of the mixed policy
+            from .sampling.logit_averaging import mixed_logps_and_entropies
+
+            return mixed_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
+                                             batch_size=batch_size, compute_entropy=compute_entropy,
+                                             compute_aux_loss=compute_aux_loss, **multimodal)
         n_grpo = getattr(self.variants.get("sampling"), "id", None) == "n_grpo"
         if n_grpo and not getattr(self, "_n_grpo_replaying", False):  # N-GRPO: the rollout's mixed inputs, replayed
             from .sampling.neighbor_mixing import replayed_logps
@@ -681,6 +697,10 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             from .sampling.neighbor_mixing import generate_with_neighbor_mixing
 
             generate = functools.partial(generate_with_neighbor_mixing, self, generate)
+        if getattr(self.variants.get("sampling"), "id", None) == "logit_avg":  # sample from the mixed policy
+            from .sampling.logit_averaging import generate_with_logit_averaging
+
+            generate = functools.partial(generate_with_logit_averaging, self, generate)
         if self._explorer is not None and self.model.training and not self._generating_baseline:
             from .sampling.s2l_po import generate_on_explorer_steps  # S2L-PO: the explorer generates on its batches
 

@@ -60,6 +60,10 @@ def check_variant_components(trainer: Any, variants: dict[str, Variant]) -> None
         from .sampling.neighbor_mixing import check_generation_path
 
         check_generation_path(trainer)
+    if getattr(variants.get("sampling"), "id", None) == "logit_avg":  # the frozen reference the policy is mixed with
+        from .sampling.logit_averaging import prepare_reference
+
+        prepare_reference(trainer)
     if getattr(trainer.args, "edge_grpo_gec", False):  # EDGE-GRPO GEC: both reference columns, single-turn generation
         from .sampling.edge_grpo_gec import check_gec
 
@@ -69,6 +73,10 @@ def check_variant_components(trainer: Any, variants: dict[str, Variant]) -> None
         from .token_weights.belief_probe_forward import check_belief_probe
 
         check_belief_probe(trainer)
+    if getattr(token_variant, "id", None) == "spo_segment":  # continuations from TRL's single-turn generator
+        from .token_weights.spo_segment_rollouts import check_spo_segment
+
+        check_spo_segment(trainer)
     if token_variant and "token_blocks" in token_variant.requires:  # one text block per reward function
         from .token_weights.blocks import block_tags_field
 

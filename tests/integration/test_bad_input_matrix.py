@@ -95,6 +95,8 @@ def build(variant, tmp_path, rewards, **overrides):
         overrides.setdefault("rto_dpo_model", tiny_model_path())
     if "prompt_value_logits" in variant.requires:  # SPPO's value model: the tiny model with a new scalar head
         overrides.setdefault("sppo_value_model", tiny_model_path())
+    if "s2l_po_explorer_model" in variant.params:  # S2L-PO's explorer: the tiny model itself (same tokenizer)
+        overrides.setdefault("s2l_po_explorer_model", tiny_model_path())
     if "rc_grpo_prompt_condition_tokens" in variant.params:  # RC-GRPO: the tiny model given its reward tokens
         from trl_groupx.sampling.rctp import save_with_condition_tokens
         from trl_groupx.toy import load_tiny_tokenizer

@@ -31,9 +31,11 @@ from . import (  # noqa: F401  (registers the variants)
     consistency_grpo,  # noqa: F401  (registers the variant)
     d3s,
     dapo_dynamic_sampling,  # noqa: F401  (registers the variant)
+    eframe,  # noqa: F401  (registers the variant)
     gcpo_ref,  # noqa: F401  (registers the variant)
     gfpo,
     igrpo,  # noqa: F401  (registers the variant)
+    logit_avg,  # noqa: F401  (registers the variant)
     n_grpo,  # noqa: F401  (registers the variant)
     pilot_commit,  # noqa: F401  (registers the variant and its prompt selection)
     rc_grpo,  # noqa: F401  (registers the variant)

@@ -204,6 +204,10 @@ class SamplingArgs:
     n_grpo_think_end (`str` or `None`, *optional*, defaults to `"</think>"`):
         N-GRPO: once a completion has generated these tokens no step mixes (official `answer_start`); `None` = mix
         in the whole completion.
+    logit_avg_alpha (`float`, *optional*, defaults to `0.5`):
+        Logit averaging (`rollout_filter="logit_avg"`): weight α of the trainable policy's logits in the acting
+        policy's `α z_θ + (1 − α) z_ref` (paper: the plain average, ½); in (0, 1], 1 = plain GRPO. Needs `beta=0`.
+        See `trl_groupx/sampling/logit_avg.py`.
     edge_grpo_gec_reflect_cue (`str`, *optional*, defaults to `" Wait! Something is wrong here."`):
         GEC: appended to a wrong response in the reflect branch before the policy continues it (official text).
     edge_grpo_gec_reflect_max_new_tokens (`int`, *optional*, defaults to `256`):
@@ -224,6 +228,23 @@ class SamplingArgs:
         RePO: weight `c` of the replayed rows' loss, `L = L_on + c L_off` (official `off_policy_loss_coef` 1.0).
     repo_adv_eps (`float`, *optional*, defaults to `1e-4`):
         RePO: epsilon of the replayed blocks' split normalisation `(r - mean) / (std + eps)` (official 1e-4).
+    eframe_extra_n (`int`, *optional*, defaults to `20`):
+        EFRame (`rollout_filter="eframe"`): extra rollouts per all-fail prompt (official `additional_n` 20). See
+        `trl_groupx/sampling/eframe.py`.
+    eframe_extra_temperature (`float`, *optional*, defaults to `1.2`):
+        EFRame: sampling temperature of the extra rollouts (official `additional_temperature` 1.2).
+    eframe_hard_eps (`float`, *optional*, defaults to `0.01`):
+        EFRame: a group is all-fail when every scored reward is below this (official eps 0.01).
+    eframe_extra_keep_threshold (`float`, *optional*, defaults to `1.0`):
+        EFRame: extra rollouts with `|A| >` this (A within the extra group) are appended (official 1).
+    eframe_filter_threshold (`float`, *optional*, defaults to `0.05`):
+        EFRame: on-policy rollouts with `|A| <=` this are masked out of the loss (official 0.05).
+    eframe_replay_threshold (`float`, *optional*, defaults to `1.0`):
+        EFRame: trained rows with `|A| >` this enter the replay buffer (official 1).
+    eframe_replay_freq (`int`, *optional*, defaults to `5`):
+        EFRame: replay every this many generation batches (official `replay_freq` 5); 0 turns replay off.
+    eframe_replay_size (`float`, *optional*, defaults to `2.0`):
+        EFRame: buffer capacity in generation batches of rows, `eframe_replay_size × N` (official `replay_size` 2.0).
     """
 
     rollout_filter: str | None = field(
@@ -421,6 +442,9 @@ class SamplingArgs:
     n_grpo_think_end: str | None = field(
         default="</think>", metadata={"help": "N-GRPO: no mixing once a completion has generated this (None = never)."}
     )
+    logit_avg_alpha: float = field(
+        default=0.5, metadata={"help": "Logit averaging: weight of the policy's logits in α z_θ + (1 − α) z_ref."}
+    )
     edge_grpo_gec_reflect_cue: str = field(
         default=GEC_REFLECT_CUE,
         metadata={"help": "EDGE-GRPO GEC: appended to a wrong response before the policy continues it (reflect)."},
@@ -442,6 +466,26 @@ class SamplingArgs:
     repo_off_coef: float = field(default=1.0, metadata={"help": "RePO: weight of the replayed rows' loss (official 1)."})
     repo_adv_eps: float = field(
         default=1e-4, metadata={"help": "RePO: epsilon of the replayed blocks' advantage normalisation (official 1e-4)."}
+    )
+    eframe_extra_n: int = field(default=20, metadata={"help": "EFRame: extra rollouts per all-fail prompt (20)."})
+    eframe_extra_temperature: float = field(
+        default=1.2, metadata={"help": "EFRame: sampling temperature of the extra rollouts (official 1.2)."}
+    )
+    eframe_hard_eps: float = field(default=0.01, metadata={"help": "EFRame: all-fail when every reward < this."})
+    eframe_extra_keep_threshold: float = field(
+        default=1.0, metadata={"help": "EFRame: extra rollouts with |A| > this are appended (official 1)."}
+    )
+    eframe_filter_threshold: float = field(
+        default=0.05, metadata={"help": "EFRame: rollouts with |A| <= this are masked out (official 0.05)."}
+    )
+    eframe_replay_threshold: float = field(
+        default=1.0, metadata={"help": "EFRame: trained rows with |A| > this enter the replay buffer (official 1)."}
+    )
+    eframe_replay_freq: int = field(
+        default=5, metadata={"help": "EFRame: replay every this many generation batches (official 5); 0 = off."}
+    )
+    eframe_replay_size: float = field(
+        default=2.0, metadata={"help": "EFRame: buffer capacity in generation batches of rows (official 2.0)."}
     )
 
     def __post_init__(self) -> None:

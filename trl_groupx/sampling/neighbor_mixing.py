@@ -127,9 +127,13 @@ class NeighborMixer(LogitsProcessor, _EmbeddingHook):
         return _mix_tail(output, torch.stack(self.ids[-n:], 1), torch.stack(self.weights[-n:], 1),
                          lambda ids: self.embed(module, ids))
 
-    def records(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """`(B, length, K)` ids and weights of the completion tokens (unfed ones unmixed)."""
-        rows = next(iter(self.ids)).size(0) if self.ids else 0
+    def records(self, length: int, rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(B, length, K)` ids and weights of the completion tokens (unfed ones unmixed). `rows` = B, needed when
+        no step was fed (one-token completions: nothing recorded, every token unmixed)."""
+        if self.ids:
+            rows = self.ids[0].size(0)
+        elif rows is None:
+            raise ValueError("records() of a mixer that fed no step needs the number of rows")
         ids = torch.stack(self.ids, 1) if self.ids else torch.zeros(rows, 0, self.top_k, dtype=torch.long)
         weights = torch.stack(self.weights, 1) if self.weights else torch.zeros(rows, 0, self.top_k)
         return _fit(ids, length), _fit(weights, length)
@@ -168,7 +172,7 @@ def generate_with_neighbor_mixing(trainer: Any, generate: Callable[..., Any], *a
 
     def keep(mixer: NeighborMixer, completion_ids: torch.Tensor, prompt: torch.Tensor) -> None:
         handles.pop().remove()
-        records.append(mixer.records(completion_ids.size(1)))
+        records.append(mixer.records(completion_ids.size(1), rows=completion_ids.size(0)))
 
     try:
         with _appended_to_generate(model, make_processor, keep):

@@ -134,6 +134,16 @@ def test_mix_rate_zero_is_plain_generation():
     assert mixer.records(8)[1].abs().sum() == 0
 
 
+def test_a_mixer_that_fed_no_step_records_unmixed_rows():
+    # one-token completions: the sampled token is never fed back, so nothing is recorded; B rows stay unmixed
+    model, _ = _tiny()
+    mixer = _mixer(model.get_input_embeddings(), rate=1.0)
+    ids, weights = mixer.records(1, rows=4)
+    assert ids.shape == (4, 1, mixer.top_k) and weights.shape == (4, 1, mixer.top_k) and weights.abs().sum() == 0
+    with pytest.raises(ValueError, match="number of rows"):
+        mixer.records(1)
+
+
 def test_replay_gives_the_logits_the_rollout_was_sampled_from():
     model, prompt = _tiny()
     recorder, mixer = _Recorder(), _mixer(model.get_input_embeddings(), rate=0.5, seed=1)
