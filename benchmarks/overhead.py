@@ -170,6 +170,7 @@ EXTRA_WORK = {
     "answer_belief": "up to K + 1 short no-grad teacher-forced forwards per completion (prompt + prefix + answer)",
     "counterfactual_rewards": "timed on the two-agent toy team; its Solver-only completions decoded and scored",
     "judge_scores": "the judge on the rows of all-negative groups only",
+    "segment_mc_values": "K continuations per cut point (official K = 9), generated and scored (Monte-Carlo values)",
     "prm_step_scores": "the step PRM on the rows of all-equal groups only",
     "self_teacher_topk": "a self-teacher forward over each routed failed rollout re-prompted with a correct sibling "
                          "(top-k kept); the student's top-k log-probs in the loss forward",
@@ -183,6 +184,9 @@ SAMPLING_WORK = {
               "itself, so the cost is the model swap)",
     "pilot_commit": "pilot rollouts per candidate prompt, generated and scored, before the committed batch",
     "sgpo": "one profiling pass over the dataset at the first step (S completions per prompt, scored)",
+    "eframe": "for all-fail groups: n extra rollouts at T = 1.2, scored, the |A| > 1 ones appended; a |A| filter; "
+              "a replay buffer re-inserted every 5 batches",
+    "logit_avg": "a reference forward at every decoding step and in every log-prob forward (mixed logits)",
 }
 
 
