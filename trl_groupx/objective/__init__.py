@@ -10,6 +10,7 @@ from .ctpo import ctpo_surrogate
 from .dgrpo import dgrpo_surrogate
 from .dhpo import dhpo_surrogate
 from .dppo import dppo_kl_surrogate, dppo_tv_surrogate
+from .dro import dro_surrogate
 from .dual_clip import dual_clip_surrogate
 from .entropy_cov import clip_cov_surrogate, kl_cov_surrogate
 from .fiberpo import fiberpo_surrogate
@@ -38,6 +39,7 @@ __all__ = [
     "clipped_surrogate",
     "ctpo_surrogate",
     "dgrpo_surrogate",
+    "dro_surrogate",
     "lightningrl_surrogate",
     "nll_anchor_weights",
     "dhpo_surrogate",

@@ -55,6 +55,10 @@ class ObjectiveArgs:
     dppo_tv_delta (`float`, defaults to `0.15`): DPPO-Binary-TV trust-region radius on `|p - p_old|`.
     dppo_tv_is_cap (`float`, defaults to `10000.0`): cap `C` of the detached importance weight.
 
+    > dro
+    dro_beta (`float` or `None`, defaults to `None`): DRO: weight β of the quadratic log-ratio penalty
+        `β/2 (logp - logp_old)²`; required (positive) with `loss_type="dro"` (verl's test value 0.05).
+
     > dppo_kl
     dppo_kl_delta (`float`, defaults to `0.05`): DPPO-Binary-KL trust-region radius on the binary KL.
     dppo_kl_is_cap (`float`, defaults to `10000.0`): cap `C` of the detached importance weight.
@@ -179,6 +183,10 @@ class ObjectiveArgs:
     # dppo_tv
     dppo_tv_delta: float = field(default=0.15, metadata={"help": "DPPO-TV: trust-region radius on |p - p_old|."})
     dppo_tv_is_cap: float = field(default=10000.0, metadata={"help": "DPPO-TV: cap of the detached IS weight."})
+    # dro
+    dro_beta: float | None = field(
+        default=None, metadata={"help": "DRO: weight of the quadratic log-ratio penalty (required, e.g. 0.05)."}
+    )
     # dppo_kl
     dppo_kl_delta: float = field(default=0.05, metadata={"help": "DPPO-KL: trust-region radius on the binary KL."})
     dppo_kl_is_cap: float = field(default=10000.0, metadata={"help": "DPPO-KL: cap of the detached IS weight."})
