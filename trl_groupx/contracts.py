@@ -61,6 +61,11 @@ global order, computed before that model's BCE update on the batch (an update in
 on the global rewards), NaN elsewhere and in evaluation; each process judges its own rows and the scores are
 gathered (`trl_groupx.advantages.allneg_aifeedback.judge_scores_for_batch`).
 
+`pair_similarity` (N/G, G, G) float32 for advantage variants that compare the responses of a group pairwise (DaGRPO,
+`dagrpo`): a registered scorer's similarity of each pair of a group's completions, NaN where unscored and in
+evaluation; group g is scored by process g mod P and the matrices are summed over processes
+(`trl_groupx.advantages.dagrpo.pair_similarity_for_batch`).
+
 Multi-turn step credit (`requires=("step_structure",)`, advantage variants)
     `fn(rewards: (N,), group_size: int, steps: StepBatch, *, <config fields>) -> per-step advantages (S,)`.
     `steps` (`trl_groupx.advantages.step_credit.StepBatch`) lists the `S` model turns of the global batch: episode
@@ -242,7 +247,8 @@ class ObjectiveContext:
 # Keyword-only arguments the trainer supplies itself (see `requires` in registry.py), not read from the config.
 TRAINER_SUPPLIED = frozenset({"state", "completion_lengths", "global_step", "total_steps", "steps", "prompt_keys",
                               "greedy_baseline_rewards", "reference_sample_rewards", "prompt_kl",
-                              "counterfactual_rewards", "judge_scores", "prompt_value_logits"})
+                              "counterfactual_rewards", "judge_scores", "prompt_value_logits",
+                              "pair_similarity"})
 
 
 def config_kwargs(fn: Callable[..., Any], config: Any) -> dict[str, Any]:

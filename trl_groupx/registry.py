@@ -72,7 +72,8 @@ KNOWN_REQUIREMENTS = frozenset(
      "token_blocks", "contrast_logps", "prompt_kl", "step_modules",
      "answer_belief", "segment_mc_values",
      "intra_group_token_divergence", "tempered_logps", "teacher_logps", "counterfactual_rewards",
-     "nll_anchor_weights", "dpo_logps", "prompt_value_logits", "judge_scores", "prm_step_scores", "self_teacher_topk"}
+     "nll_anchor_weights", "dpo_logps", "prompt_value_logits", "judge_scores", "prm_step_scores", "self_teacher_topk",
+     "pair_similarity"}
 )
 
 _ID_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")

@@ -65,6 +65,11 @@ def test_dispatched_variant_contract(variant):
                 kwargs[name] = torch.tensor([0.5, 0.5, 0.5, 0.5, 1.0, 1.0, 1.0, float("nan")])
         if "judge_scores" in variant.requires:  # as the trainer fills: the judge's scores on the all-negative group
             kwargs["judge_scores"] = torch.tensor([float("nan")] * g + [0.5, 0.0, 1.0, float("nan")])
+        if "pair_similarity" in variant.requires:  # as the trainer fills: one G x G matrix per group, one NaN pair
+            sim = torch.eye(g).repeat(n // g, 1, 1)
+            sim[0, 0, 1] = sim[0, 1, 0] = 0.95
+            sim[1, 0, 1] = float("nan")
+            kwargs["pair_similarity"] = sim
         if "step_structure" in variant.requires:  # per-step output: two turns per episode, a shared first state
             from trl_groupx.advantages.step_credit import StepBatch
 

@@ -9,6 +9,7 @@ from .aapo import aapo_advantages
 from .agentflow import agentflow_step_advantages
 from .allneg_aifeedback import allneg_aifeedback_advantages
 from .ccpo import ccpo_step_advantages
+from .dagrpo import dagrpo_advantages
 from .dvao import dvao_advantages
 from .ebpo import ebpo_advantages
 from .focal_tailmiss import focal_tailmiss_advantages
@@ -44,6 +45,7 @@ __all__ = [
     "TRL_STD_EPS",
     "aapo_advantages",
     "allneg_aifeedback_advantages",
+    "dagrpo_advantages",
     "remax_advantages",
     "mc_grpo_advantages",
     "agentflow_step_advantages",

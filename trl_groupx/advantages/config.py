@@ -127,6 +127,12 @@ class AdvantageArgs:
     allneg_aifeedback_fail_threshold (`float`, defaults to `0.0`): SGPO: a response is wrong when its reward is
         ≤ this; a group of wrong responses only is judged (0.0 for a 0/1 verifier).
 
+    > dagrpo (DaGRPO: near-identical response pairs with opposite advantages are masked)
+    dagrpo_scorer (`str` or `None`, defaults to `None`): DaGRPO: registered name of the distinctiveness scorer
+        (`register_dagrpo_scorer`; built in: `"token_jaccard"`, token-id set overlap); required.
+    dagrpo_similarity_threshold (`float`, defaults to `0.9`): DaGRPO: a pair of a group with similarity ≥ this and
+        advantages of opposite signs is indistinct; both rows leave the update. In `(0, 1]`.
+
     > agentflow, gigpo, hgpo (multi-turn step credit; per-step data from the rollout, see `advantages/step_credit.py`)
     agentflow_episode_stats (`str`, defaults to `"trajectory"`): Flow-GRPO: group statistics over episodes
         (`"trajectory"`, the paper's formula) or over turn rows (`"steps"`, the official verl code: long episodes
@@ -346,6 +352,13 @@ class AdvantageArgs:
     )
     allneg_aifeedback_fail_threshold: float = field(
         default=0.0, metadata={"help": "SGPO: a response is wrong when its reward is <= this (0.0)."}
+    )
+    # dagrpo
+    dagrpo_scorer: str | None = field(
+        default=None, metadata={"help": "DaGRPO: registered name of the pairwise distinctiveness scorer (required)."}
+    )
+    dagrpo_similarity_threshold: float = field(
+        default=0.9, metadata={"help": "DaGRPO: a pair with similarity >= this and opposite advantages is masked."}
     )
     # ccpo
     ccpo_lambda: float = field(default=0.2, metadata={"help": "CCPO: weight of the counterfactual bonus (0.2)."})
