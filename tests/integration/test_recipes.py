@@ -34,6 +34,7 @@ TOY_OVERRIDES = {
     "gcpo_ref": ["--gcpo_ref_column", "answer"],  # the toy dataset's reference column (the recipe's: solution)
     "sage": ["--sage_column", "answer"],  # the toy dataset's reference column (the recipe's: solution)
     "sage_light": ["--sage_column", "answer"],
+    "lspo": ["--lspo_column", "answer"],  # the toy dataset's reference column (the recipe's: solution)
     "belief_probe": ["--belief_probe_answer_column", "answer"],  # the toy dataset's answers (the recipe's: solution)
     "motif": ["--warmup_steps", "0"],  # warmup from lr 0: a one-step run would not move
     "igrpo": ["--igrpo_draft_template", " {draft}"],  # after the recipe's note the toy's refinements all score alike

@@ -36,6 +36,7 @@ from . import (  # noqa: F401  (registers the variants)
     gfpo,
     igrpo,  # noqa: F401  (registers the variant)
     logit_avg,  # noqa: F401  (registers the variant)
+    lspo,  # noqa: F401  (registers the variant)
     n_grpo,  # noqa: F401  (registers the variant)
     pilot_commit,  # noqa: F401  (registers the variant and its prompt selection)
     rc_grpo,  # noqa: F401  (registers the variant)

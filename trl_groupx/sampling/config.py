@@ -245,6 +245,23 @@ class SamplingArgs:
         EFRame: replay every this many generation batches (official `replay_freq` 5); 0 turns replay off.
     eframe_replay_size (`float`, *optional*, defaults to `2.0`):
         EFRame: buffer capacity in generation batches of rows, `eframe_replay_size × N` (official `replay_size` 2.0).
+    lspo_column (`str`, *optional*, defaults to `"solution"`):
+        LSPO (`rollout_filter="lspo"`): dataset column holding each prompt's ground-truth solution, the scaffold's SFT
+        target. See `trl_groupx/sampling/lspo.py`.
+    lspo_success_threshold (`float`, *optional*, defaults to `1.0`):
+        LSPO: reward at or above which a rollout counts as solved (a cliff group has none; a re-roll must reach it).
+    lspo_lora_r (`int`, *optional*, defaults to `16`):
+        LSPO: rank of the scaffold adapter in full fine-tuning (a LoRA policy's scaffold copies the policy adapter).
+    lspo_lora_alpha (`float`, *optional*, defaults to `32.0`):
+        LSPO: LoRA alpha of the scaffold adapter in full fine-tuning.
+    lspo_sft_steps (`int`, *optional*, defaults to `1`):
+        LSPO: AdamW steps of the scaffold's SFT on the cliff prompts' solutions, per generation batch.
+    lspo_sft_learning_rate (`float`, *optional*, defaults to `1e-4`):
+        LSPO: learning rate of the scaffold's SFT.
+    lspo_is_cap (`float`, *optional*, defaults to `1.0`):
+        LSPO: truncation `C` of a spliced token's importance weight `min(π_θ/π_scaffold, C)`.
+    lspo_template (`str`, *optional*, defaults to `"{ref}"`):
+        LSPO: SFT target text; `{ref}` is replaced by the solution.
     """
 
     rollout_filter: str | None = field(
@@ -486,6 +503,22 @@ class SamplingArgs:
     )
     eframe_replay_size: float = field(
         default=2.0, metadata={"help": "EFRame: buffer capacity in generation batches of rows (official 2.0)."}
+    )
+    lspo_column: str = field(
+        default="solution", metadata={"help": "LSPO: dataset column with each prompt's ground-truth solution."}
+    )
+    lspo_success_threshold: float = field(
+        default=1.0, metadata={"help": "LSPO: reward at or above which a rollout counts as solved."}
+    )
+    lspo_lora_r: int = field(default=16, metadata={"help": "LSPO: scaffold LoRA rank (full fine-tuning)."})
+    lspo_lora_alpha: float = field(default=32.0, metadata={"help": "LSPO: scaffold LoRA alpha (full fine-tuning)."})
+    lspo_sft_steps: int = field(default=1, metadata={"help": "LSPO: scaffold SFT steps per generation batch."})
+    lspo_sft_learning_rate: float = field(default=1e-4, metadata={"help": "LSPO: scaffold SFT learning rate."})
+    lspo_is_cap: float = field(
+        default=1.0, metadata={"help": "LSPO: truncation C of a spliced token's weight min(pi_theta/pi_scaffold, C)."}
+    )
+    lspo_template: str = field(
+        default="{ref}", metadata={"help": "LSPO: SFT target text; '{ref}' is replaced by the solution."}
     )
 
     def __post_init__(self) -> None:
