@@ -87,6 +87,8 @@ def build(variant, tmp_path, rewards, **overrides):
         overrides.setdefault("edge_grpo_gec_solution_column", "answer")
     if "sage_column" in variant.params:  # SAGE: the toy dataset's reference column
         overrides.setdefault("sage_column", "answer")
+    if "lspo_column" in variant.params:  # LSPO: the toy dataset's reference column (the scaffold's SFT target)
+        overrides.setdefault("lspo_column", "answer")
     if "belief_probe_answer_column" in variant.params:  # GRPO-VPS: the toy dataset's reference answers
         overrides.setdefault("belief_probe_answer_column", "answer")
     if "teacher_logps" in variant.requires:  # dGRPO's teacher: the tiny model itself (the student's tokenizer)
