@@ -100,6 +100,8 @@ def measure(name: str, flags: dict, steps: int, tmp: Path) -> dict:
         column.update(edge_grpo_gec_answer_column="answer", edge_grpo_gec_solution_column="answer")
     if "sage_column" in flags:  # SAGE: the toy dataset's reference column
         column["sage_column"] = "answer"
+    if "lspo_column" in flags:  # LSPO: the toy dataset's reference column (the scaffold's SFT target)
+        column["lspo_column"] = "answer"
     if "answer_belief" in requires:  # GRPO-VPS: the toy dataset's reference answers
         column["belief_probe_answer_column"] = "answer"
     if "teacher_logps" in requires:  # dGRPO's teacher: the tiny model itself (the student's tokenizer)
@@ -187,6 +189,8 @@ SAMPLING_WORK = {
     "eframe": "for all-fail groups: n extra rollouts at T = 1.2, scored, the |A| > 1 ones appended; a |A| filter; "
               "a replay buffer re-inserted every 5 batches",
     "logit_avg": "a reference forward at every decoding step and in every log-prob forward (mixed logits)",
+    "lspo": "for all-fail groups: a LoRA scaffold (added, SFT-fitted on their solutions, deleted), one scaffold "
+            "re-roll per slot, scored, scaffold and policy log-probs of the spliced rows",
 }
 
 
