@@ -155,6 +155,11 @@ def lspo(batch: RolloutBatch) -> torch.Tensor:
       `importance_sampling_level="sequence"` TRL averages the truncated log-ratios over the row's tokens.
     - Choice: a re-roll without EOS is masked under `mask_truncated_completions` (TRL's rule); reference
       log-probs (beta > 0) of spliced rows are recomputed under the reference model.
+    - When TRL keeps no old log-probs (on-policy batches), the batch gets them as soon as a row is spliced: the
+      current policy's for the other rows (ratio 1, as TRL's detached default), `b_t` for the spliced ones. On
+      later micro-steps of the same generation batch (`num_iterations > 1`, `steps_per_generation > 1`) the ratio
+      of a spliced token is `π_θ'/π_b`, clipped by the objective like any off-policy row.
+    - TRL's logged `reward` metrics and completions table show the batch as generated, before the splice.
     - Metrics: `groupx/lspo_cliff_groups`, `groupx/lspo_scaffold_success` (share of re-rolls that succeed),
       `groupx/lspo_spliced_rows`, `groupx/lspo_sft_loss` (last SFT step's loss).
 
