@@ -194,3 +194,15 @@ def test_kept_old_and_reference_log_probs_and_saved_adapter(tmp_path, monkeypatc
     trainer.model.save_pretrained(tmp_path / "saved")  # the scaffold is deleted before any checkpoint
     assert not (tmp_path / "saved" / SCAFFOLD_ADAPTER).exists()
     assert [p.name for p in (tmp_path / "saved").iterdir() if p.is_dir()] == []
+
+
+def test_evaluation_batches_are_left_as_generated(tmp_path, monkeypatch):
+    fit, reroll = Spy(monkeypatch, "fit_scaffold"), Spy(monkeypatch, "_reroll")
+    trainer = _trainer(tmp_path)
+    trainer.model.eval()
+    torch.manual_seed(0)
+    batch = next(iter(trainer.get_train_dataloader()))
+    trainer._generate_and_score_completions(batch)
+    assert fit.calls == [] and reroll.calls == []
+    assert trainer._rewards_per_func[:, 0].tolist() == [1.0, 0, 0, 0, 0, 0, 0, 0]  # the cliff group stays a cliff
+    assert trainer.model.training is False
