@@ -190,7 +190,8 @@ SAMPLING_WORK = {
               "a replay buffer re-inserted every 5 batches",
     "logit_avg": "a reference forward at every decoding step and in every log-prob forward (mixed logits)",
     "lspo": "for all-fail groups: a LoRA scaffold (added, SFT-fitted on their solutions, deleted), one scaffold "
-            "re-roll per slot, scored, scaffold and policy log-probs of the spliced rows",
+            "re-roll per slot, scored, scaffold and policy log-probs of the spliced rows (under the toy's parity "
+            "reward few groups fail entirely: the median mostly times steps without a scaffold)",
 }
 
 
