@@ -186,6 +186,10 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             from .sampling.reference_injection import inject_reference_solutions
 
             output = inject_reference_solutions(self, inputs, output)
+        if getattr(self.variants.get("sampling"), "id", None) == "lspo" and self.model.training:  # LSPO scaffold
+            from .sampling.lspo_scaffold import scaffold_cliff_groups
+
+            output = scaffold_cliff_groups(self, inputs, output)
         if getattr(self.args, "edge_grpo_gec", False) and self.model.training:  # EDGE-GRPO GEC: correct wrong responses
             from .sampling.edge_grpo_gec import apply_gec
 
@@ -413,6 +417,10 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
                 from .advantages.allneg_aifeedback import judge_scores_for_batch
 
                 extra["judge_scores"] = judge_scores_for_batch(self, output, rewards, group_size)
+            if "pair_similarity" in variant.requires:  # DaGRPO: a scorer's similarity of each pair in a group
+                from .advantages.dagrpo import pair_similarity_for_batch
+
+                extra["pair_similarity"] = pair_similarity_for_batch(self, output, rewards, group_size)
             if "prompt_value_logits" in variant.requires:  # SPPO: V(x) before the value model's update on this batch
                 from .advantages.sppo_value import prompt_value_logits
 
