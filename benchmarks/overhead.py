@@ -172,6 +172,7 @@ EXTRA_WORK = {
     "answer_belief": "up to K + 1 short no-grad teacher-forced forwards per completion (prompt + prefix + answer)",
     "counterfactual_rewards": "timed on the two-agent toy team; its Solver-only completions decoded and scored",
     "judge_scores": "the judge on the rows of all-negative groups only",
+    "pair_similarity": "the scorer on every pair of each group (here the built-in token Jaccard)",
     "segment_mc_values": "K continuations per cut point (official K = 9), generated and scored (Monte-Carlo values)",
     "prm_step_scores": "the step PRM on the rows of all-equal groups only",
     "self_teacher_topk": "a self-teacher forward over each routed failed rollout re-prompted with a correct sibling "
