@@ -45,6 +45,10 @@ def _assert_same_state(a, b, where: str) -> None:
         assert a.keys() == b.keys(), where
         for key in a:
             _assert_same_state(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_same_state(x, y, f"{where}[{i}]")
     elif isinstance(a, torch.Tensor):
         assert torch.equal(a, b), where
     else:
