@@ -91,6 +91,20 @@ def _generating_with(trainer: Any, policy: str) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def max_new_tokens(trainer: Any, budget: int) -> Iterator[None]:
+    """TRL's generator with at most `budget` new tokens (a copy of the run's generation config, restored after):
+    extra generations that continue a prefix (EDGE-GRPO's reflect branch, SPO-chain's Monte-Carlo values)."""
+    saved = trainer.generation_config
+    limited = copy.deepcopy(saved)
+    limited.max_new_tokens = budget
+    trainer.generation_config = limited
+    try:
+        yield
+    finally:
+        trainer.generation_config = saved
+
+
 def baseline_rewards(trainer: Any, inputs: list[dict[str, Any]], requirement: str, group_size: int) -> torch.Tensor:
     """Global `(N,)` baseline rewards for the generation batch whose local rows are `inputs`.
 

@@ -68,13 +68,12 @@ hold both columns.
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+from .baseline_rollouts import max_new_tokens
 
 FLAG = "edge_grpo_gec"
 REFLECT, ANSWER, SOLUTION = 0, 1, 2
@@ -184,18 +183,6 @@ def reflect_prefix(completion: list[int], cue_ids: list[int], eos_ids: list[int]
     return (kept[: max(max_length - len(cue_ids) - 1, 0)] + list(cue_ids))[: max(max_length - 1, 0)]
 
 
-@contextlib.contextmanager
-def _max_new_tokens(trainer: Any, budget: int) -> Iterator[None]:
-    saved = trainer.generation_config
-    limited = copy.deepcopy(saved)
-    limited.max_new_tokens = budget
-    trainer.generation_config = limited
-    try:
-        yield
-    finally:
-        trainer.generation_config = saved
-
-
 def reflect_continuations(trainer: Any, output: dict[str, Any], rows: list[int], prefixes: list[list[int]]
                           ) -> list[list[int]]:
     """The policy's continuation of each `prompt + prefix` of this process's `rows`. Every process calls this with
@@ -215,7 +202,7 @@ def reflect_continuations(trainer: Any, output: dict[str, Any], rows: list[int],
     was_training = trainer.model.training
     trainer._generating_baseline = True  # extra completions at the run's own base sampling settings
     try:
-        with _max_new_tokens(trainer, budget):
+        with max_new_tokens(trainer, budget):
             continuations, _ = trainer._generate_single_turn(prompt_ids, None, {}, 1)
     finally:
         trainer._generating_baseline = False

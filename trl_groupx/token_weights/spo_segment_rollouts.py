@@ -18,15 +18,13 @@ process (the official code deduplicates identical query texts).
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from ..sampling._scoring import score_aside
+from ..sampling.baseline_rollouts import max_new_tokens
 from .spo_segment import VARIANT_ID, cut_points
 
 SELECTOR = f"token_weighting={VARIANT_ID!r}"
@@ -39,18 +37,6 @@ def check_spo_segment(trainer: Any) -> None:
         raise ValueError(f"{SELECTOR} continues each completion prefix with the trainer's own single-turn generator; "
                          "it cannot reproduce a rollout_func, tools or environments. Drop them, or use another "
                          "token_weighting.")
-
-
-@contextlib.contextmanager
-def _max_new_tokens(trainer: Any, budget: int) -> Iterator[None]:
-    saved = trainer.generation_config
-    limited = copy.deepcopy(saved)
-    limited.max_new_tokens = budget
-    trainer.generation_config = limited
-    try:
-        yield
-    finally:
-        trainer.generation_config = saved
 
 
 def _global_max(acc: Any, values: list[int]) -> list[int]:
@@ -115,7 +101,7 @@ def generate_continuations(trainer: Any, queries: list[list[int]], budgets: list
             batch = queries[c * chunk : (c + 1) * chunk]
             real = len(batch)
             batch = batch + [filler] * (chunk - real)
-            with _max_new_tokens(trainer, int(call_budgets[c])):
+            with max_new_tokens(trainer, int(call_budgets[c])):
                 generated, _ = trainer._generate_single_turn(batch, None, {}, 1)
             out.extend(list(g)[: budgets[c * chunk + k]] for k, g in enumerate(generated[:real]))
     finally:
