@@ -53,7 +53,8 @@ from typing import Any
 import torch
 
 from ..contracts import RolloutBatch
-from ..registry import get_variant, register
+from ..registry import register
+from ._exclusive import refuse_bypasses, refuse_own_forwards
 
 VARIANT_ID = "logit_avg"
 ALPHA = "logit_avg_alpha"
@@ -76,17 +77,9 @@ def validate(config: Any) -> None:
     refused = {"use_vllm": "vLLM's sampler", "use_transformers_continuous_batching": "continuous batching",
                "use_liger_kernel": "the Liger loss's own forward", "prefix_grouper": "the shared-prefix forward",
                "logps_chunk_size": "the chunked LM-head forward", "edge_grpo_gec": "GEC's own generation"}
-    for flag, what in refused.items():
-        if getattr(config, flag, None):
-            raise ValueError(f"rollout_filter={VARIANT_ID!r} mixes the reference's logits into transformers' generate "
-                             f"and into the trainer's log-prob forward, which {what} ({flag}) bypasses; set {flag} "
-                             f"off or drop rollout_filter={VARIANT_ID!r}.")
-    for stage, vid in config.active_variants().items():
-        needs = set(get_variant(vid).requires) & set(_OWN_FORWARD_REQUIREMENTS)
-        if needs and stage != "sampling":
-            raise ValueError(f"{get_variant(vid).selector}={vid!r} needs {sorted(needs)} from a forward or a generation "
-                             f"of its own that would not use rollout_filter={VARIANT_ID!r}'s mixed policy; drop one "
-                             "of the two.")
+    refuse_bypasses(config, VARIANT_ID, refused, "mixes the reference's logits into transformers' generate and into "
+                    "the trainer's log-prob forward", "bypasses")
+    refuse_own_forwards(config, _OWN_FORWARD_REQUIREMENTS, f"use rollout_filter={VARIANT_ID!r}'s mixed policy")
 
 
 def mixed_logits(policy_logits: torch.Tensor, reference_logits: torch.Tensor, alpha: float) -> torch.Tensor:

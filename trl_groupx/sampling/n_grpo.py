@@ -58,7 +58,8 @@ from typing import Any
 import torch
 
 from ..contracts import RolloutBatch
-from ..registry import get_variant, register
+from ..registry import register
+from ._exclusive import refuse_bypasses, refuse_own_forwards
 
 VARIANT_ID = "n_grpo"
 MIX_RATE, TOP_K, THINK_END = "n_grpo_mix_rate", "n_grpo_top_k", "n_grpo_think_end"
@@ -84,17 +85,9 @@ def validate(config: Any) -> None:
     refused = {"use_vllm": "vLLM", "use_transformers_continuous_batching": "continuous batching",
                "generation_temperatures": "one generate call per temperature", "edge_grpo_gec": "GEC's rewritten rows",
                "prefix_grouper": "the shared-prefix forward", "use_liger_kernel": "the Liger loss's own forward"}
-    for flag, what in refused.items():
-        if getattr(config, flag, None):
-            raise ValueError(f"rollout_filter={VARIANT_ID!r} feeds mixed embeddings through transformers' generate "
-                             f"and replays them in the log-prob forwards, which {what} ({flag}) does not do; set "
-                             f"{flag} off or drop rollout_filter={VARIANT_ID!r}.")
-    for stage, vid in config.active_variants().items():
-        needs = set(get_variant(vid).requires) & set(_OWN_FORWARD_REQUIREMENTS)
-        if needs and stage != "sampling":
-            raise ValueError(f"{get_variant(vid).selector}={vid!r} needs {sorted(needs)} from a forward of its own "
-                             f"that would not replay rollout_filter={VARIANT_ID!r}'s mixed inputs; drop one of the "
-                             "two.")
+    refuse_bypasses(config, VARIANT_ID, refused, "feeds mixed embeddings through transformers' generate and replays "
+                    "them in the log-prob forwards", "does not do")
+    refuse_own_forwards(config, _OWN_FORWARD_REQUIREMENTS, f"replay rollout_filter={VARIANT_ID!r}'s mixed inputs")
 
 
 def sampling_probs(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None) -> torch.Tensor:
