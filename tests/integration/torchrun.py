@@ -45,6 +45,11 @@ def finish() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+    # The results are written: leave without the interpreter's teardown, where a still-joinable native thread
+    # (gloo, tokenizers) can abort the process ("terminate called without an active exception") after the fact.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_worker(check: Callable[[Path], dict]) -> None:
