@@ -110,12 +110,15 @@ class RolloutBatch:
         completion_lengths (`torch.Tensor`): `(N,)` number of completion tokens.
         group_size (`int`): `G`.
         steps (`StepBatch` or `None`): per-step view of multi-turn episodes (see "Multi-turn step credit").
+        group_sizes (`torch.Tensor` or `None`): `(M,)` sizes of the consecutive groups when they vary
+            (`sampling/group_layout.py`); `None` when every group has `group_size` rows.
     """
 
     rewards: torch.Tensor
     completion_lengths: torch.Tensor
     group_size: int
     steps: Any = None  # `StepBatch` of the batch when the advantage variant requires "step_structure", else None
+    group_sizes: torch.Tensor | None = None
 
 
 @dataclass

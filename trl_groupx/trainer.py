@@ -339,16 +339,21 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
         rewards = (rewards_per_func * weights).nansum(dim=1)
         rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
 
+        layout = self._variable_group_layout(mode)
         keep = None
         if "sampling" in self.variants:
             lengths = self.accelerator.gather(output["completion_mask"].sum(-1))
-            keep = self._call(self.variants["sampling"], RolloutBatch(rewards, lengths, group_size))
+            sizes = None if layout is None else layout.sizes
+            keep = self._call(self.variants["sampling"], RolloutBatch(rewards, lengths, group_size, group_sizes=sizes))
             rewards, rewards_per_func = apply_keep_mask(rewards, keep), apply_keep_mask(rewards_per_func, keep)
             output["completion_mask"] = output["completion_mask"] * keep[local, None].to(output["completion_mask"])
             output["num_items_in_batch"] = self._global_loss_tokens(output)
             self._metrics[mode]["groupx/kept_fraction"].append(keep.float().mean().item())
 
-        advantages = self.compute_advantages(rewards, rewards_per_func, group_size, output)
+        if layout is not None:  # groups of varying sizes (sampling/group_layout.py): GRPO's or GDPO's advantages
+            advantages = self._variable_group_advantages(rewards, rewards_per_func, layout, mode)
+        else:
+            advantages = self.compute_advantages(rewards, rewards_per_func, group_size, output)
         if isinstance(advantages, tuple):  # an advantage variant that also leaves rollouts out (MC-GRPO's pivot)
             advantages, adv_keep = advantages
             output["completion_mask"] = output["completion_mask"] * adv_keep[local, None].to(output["completion_mask"])
@@ -388,6 +393,33 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
         logged.extend(seq_adv.tolist())
         self._metrics[mode]["groupx/advantage_abs_mean"].append(seq_adv.abs().mean().item())
         return output
+
+    def _variable_group_layout(self, mode: str) -> Any:
+        """The `GroupLayout` of the training batch being scored when a prompt selection sized its groups, else None."""
+        sampler = getattr(self, "_prompt_sampler", None)
+        return sampler.layout if mode == "train" and sampler is not None else None
+
+    def _variable_group_advantages(self, rewards: torch.Tensor, rewards_per_func: torch.Tensor, layout: Any,
+                                   mode: str) -> torch.Tensor:
+        """Global `(N,)` advantages of a batch with variable group sizes (config-time checks leave TRL's two
+        advantage formulas only); TRL's `frac_reward_zero_std`, taken on fixed-size groups, is replaced."""
+        from .sampling.group_layout import (
+            variable_group_decoupled_advantages,
+            variable_group_normalized_advantages,
+            zero_std_fraction,
+        )
+
+        sizes = layout.sizes
+        zero_std = self._metrics[mode]["frac_reward_zero_std"]
+        if zero_std:
+            zero_std[-1] = zero_std_fraction(rewards.cpu(), sizes)
+        self._metrics[mode]["groupx/groups_per_batch"].append(float(sizes.numel()))
+        self._metrics[mode]["groupx/group_size_mean"].append(sizes.double().mean().item())
+        if self.multi_objective_aggregation == "normalize_then_sum":
+            return variable_group_decoupled_advantages(rewards_per_func.cpu(), sizes,
+                                                       reward_weights=self.reward_weights.cpu()).to(rewards.device)
+        return variable_group_normalized_advantages(rewards.cpu(), sizes, scale_rewards=self.scale_rewards).to(
+            rewards.device)
 
     def compute_advantages(
         self, rewards: torch.Tensor, rewards_per_func: torch.Tensor, group_size: int, output: dict[str, Any]

@@ -2,7 +2,9 @@
 per prompt and scores them with the run's reward before the first training batch; training batches then follow
 the curriculum (trivial prompts dropped, easy → hard); the gradient changes against plain GRPO (other prompts),
 full and LoRA; composition with an objective; a resumed run continues exactly without re-profiling; two processes
-profile their own shards and agree (`sgpo_mp_worker.py`)."""
+profile their own shards and agree (`sgpo_mp_worker.py`). The same with the paper's group sizes G = ⌈1/p̂⌉
+(`sgpo_group_size="inverse_success"`): the batches' groups, their advantages, the gradient against fixed groups,
+resume, and two processes with a group that straddles them."""
 
 import json
 from pathlib import Path
@@ -52,8 +54,8 @@ def _data():
     return data, [row["prompt"][-1]["content"] for row in data]
 
 
-def ours(tmp_path, reward, data, peft=False, **flags):
-    flags = {"rollout_filter": "sgpo", "sgpo_unsolvable_keep": 0.5, **flags}
+def ours(tmp_path, reward, data, peft=False, group_size="fixed", **flags):
+    flags = {"rollout_filter": "sgpo", "sgpo_unsolvable_keep": 0.5, "sgpo_group_size": group_size, **flags}
     return build_trainer(trl_groupx.GRPOTrainer, trl_groupx.GRPOConfig, tmp_path, peft=peft, dataset=data,
                          reward_funcs=[reward], **flags)
 
@@ -133,7 +135,7 @@ def test_resume_continues_exactly_without_profiling_again(tmp_path):
 
 @needs_torchrun
 def test_two_processes_profile_their_shards_and_agree(tmp_path):
-    launch(Path(__file__).with_name("sgpo_mp_worker.py"), tmp_path, timeout=600)
+    launch(Path(__file__).with_name("sgpo_mp_worker.py"), tmp_path, "fixed", timeout=600)
     results = [json.loads((tmp_path / f"rank{rank}.jsonl").read_text()) for rank in (0, 1)]
     for result in results:
         assert result["ranks_agree"] and result["p_hat_is_scripted"] and result["order_is_curriculum"], result
@@ -148,3 +150,82 @@ def test_a_rollout_func_is_refused_before_profiling(tmp_path):
     with pytest.raises(ValueError, match="cannot reproduce a rollout_func, tools or environments"):
         trainer.train()
     assert reward.calls == []  # nothing was generated or scored
+
+
+# ---- G = ⌈1/p̂⌉ per prompt (sgpo_group_size="inverse_success") --------------------------------------------------------
+# p̂ of the curriculum 2, 7, 4, 1, 3 is .75, .75, .5, .25, 0 → group sizes 2, 2, 2, 4 and the cap num_generations = 4;
+# 8 rows per generation batch (fill_row_budget):
+INVERSE_BATCHES = [[2, 2, 7, 7, 4, 4, 1, 1],  # 2, 7, 4 (2 each); prompt 1's group cut to the 2 rows left
+                   [3, 3, 3, 3, 2, 2, 7, 7],  # 3 (4), then the curriculum wraps: 2, 7
+                   [4, 4, 1, 1, 1, 1, 3, 3]]  # 4 (2), 1 (4), 3 cut to 2
+
+
+def test_inverse_success_groups_fill_each_batch(tmp_path):
+    data, texts = _data()
+    reward = ScriptedReward(texts)
+    trainer = ours(tmp_path, reward, data, group_size="inverse_success", max_steps=3)
+    trainer.train()
+    assert reward.calls[4:] == INVERSE_BATCHES
+    assert trainer.variant_state["sgpo"]["served"] == 10
+    logs = [h for h in trainer.state.log_history if "groupx/groups_per_batch" in h]
+    assert [h["groupx/groups_per_batch"] for h in logs] == [4, 3, 3]
+    # batch 1's rewards (ScriptedReward): prompt 2 → 1 1, 7 → 1 1, 4 → 1 1, 1 → 1 0: three flat groups of four, so
+    # 6 of 8 rows have zero std (TRL's fixed view [1 1 1 1], [1 1 1 0] would say 4 of 8)
+    assert logs[0]["frac_reward_zero_std"] == 0.75
+
+
+def test_inverse_success_advantages_are_grpo_within_each_group(tmp_path):
+    data, texts = _data()
+    trainer = ours(tmp_path, ScriptedReward(texts), data, group_size="inverse_success")
+    one_step(trainer)
+    # rewards 1 1 | 1 1 | 1 1 | 1 0: only the last group moves, ±0.5 / (std √0.5 + 1e-4)
+    a = 0.5 / (0.5**0.5 + 1e-4)
+    assert torch.allclose(torch.tensor(list(trainer._logs["advantages"])[-8:]),
+                          torch.tensor([0, 0, 0, 0, 0, 0, a, -a]), atol=1e-6)
+
+
+@pytest.mark.parametrize("peft", [False, True])
+def test_inverse_success_gradient_differs_from_fixed_groups(tmp_path, peft):
+    data, texts = _data()
+    _, fixed, _ = one_step(ours(tmp_path / "fixed", ScriptedReward(texts), data, peft=peft))
+    reward = ScriptedReward(texts)
+    _, inverse, _ = one_step(ours(tmp_path / "inverse", reward, data, peft=peft, group_size="inverse_success"))
+    assert reward.calls[4:] == INVERSE_BATCHES[:1]
+    assert grads_differ(fixed, inverse)
+
+
+def test_inverse_success_composes_with_gmpo(tmp_path):
+    data, texts = _data()
+    _, grads, _ = one_step(ours(tmp_path / "grpo", ScriptedReward(texts), data, group_size="inverse_success"))
+    _, gmpo, _ = one_step(ours(tmp_path / "gmpo", ScriptedReward(texts), data, group_size="inverse_success",
+                               loss_type="gmpo"))
+    assert all(torch.isfinite(g).all() for g in gmpo.values()) and grads_differ(grads, gmpo)
+
+
+def test_inverse_success_resume_continues_exactly(tmp_path):
+    data, texts = _data()
+
+    def run(path, resume=None):
+        reward = ScriptedReward(texts)
+        trainer = ours(path, reward, data, group_size="inverse_success", max_steps=3, save_strategy="steps",
+                       save_steps=1)
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer, reward
+
+    full, full_reward = run(tmp_path / "full")
+    saved = torch.load(tmp_path / "full" / "checkpoint-2" / VARIANT_STATE_NAME, weights_only=True)["sgpo"]
+    assert saved["served"] == 7 and "pending_sizes" not in saved
+    resumed, resumed_reward = run(tmp_path / "resumed", resume=str(tmp_path / "full" / "checkpoint-2"))
+    assert resumed_reward.calls == full_reward.calls[-1:] == INVERSE_BATCHES[-1:]
+    assert resumed.variant_state["sgpo"]["served"] == full.variant_state["sgpo"]["served"] == 10
+    for (name, p), (_, q) in zip(full.model.named_parameters(), resumed.model.named_parameters(), strict=True):
+        assert torch.equal(p, q), name
+
+
+@needs_torchrun
+def test_two_processes_share_a_straddling_group(tmp_path):
+    launch(Path(__file__).with_name("sgpo_mp_worker.py"), tmp_path, "inverse_success", timeout=600)
+    results = [json.loads((tmp_path / f"rank{rank}.jsonl").read_text()) for rank in (0, 1)]
+    for result in results:
+        assert result["ranks_agree"] and result["trained_own_slice"], result
+        assert result["advantages_by_hand"], result

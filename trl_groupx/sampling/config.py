@@ -108,6 +108,12 @@ class SamplingArgs:
     sgpo_order (`str`, *optional*, defaults to `"easy_to_hard"`):
         sGPO: order of the kept prompts, `"easy_to_hard"` (decreasing p̂, the paper's curriculum), `"hard_to_easy"`
         or `"shuffled"` (filtering only, a seeded permutation).
+    sgpo_group_size (`str`, *optional*, defaults to `"inverse_success"`):
+        sGPO: `"inverse_success"` gives prompt x a group of `⌈1/p̂_x⌉` rollouts (at least 2, at most
+        `sgpo_max_group_size`) within TRL's row budget per generation batch (the paper's rule; GRPO/GDPO advantages
+        only); `"fixed"` gives every prompt `num_generations`.
+    sgpo_max_group_size (`int` or `None`, *optional*, defaults to `None`):
+        sGPO: largest group (that of the never-solved prompts) under `"inverse_success"`; `None` = `num_generations`.
     igrpo_num_drafts (`int` or `None`, *optional*, defaults to `None`):
         iGRPO (`rollout_filter="igrpo"`): stage-1 drafts sampled per prompt, the best of which is appended to the
         prompt for the trained stage-2 rollouts; `None` = `num_generations` (our choice; the paper's k is not known
@@ -360,6 +366,13 @@ class SamplingArgs:
     )
     sgpo_order: str = field(
         default="easy_to_hard", metadata={"help": "sGPO: 'easy_to_hard' (paper), 'hard_to_easy' or 'shuffled'."}
+    )
+    sgpo_group_size: str = field(
+        default="inverse_success",
+        metadata={"help": "sGPO: 'inverse_success' (G = ceil(1/p̂), paper) or 'fixed' (num_generations each)."},
+    )
+    sgpo_max_group_size: int | None = field(
+        default=None, metadata={"help": "sGPO: largest group under 'inverse_success' (None = num_generations)."}
     )
     igrpo_num_drafts: int | None = field(
         default=None, metadata={"help": "iGRPO: stage-1 drafts per prompt (None = num_generations)."}

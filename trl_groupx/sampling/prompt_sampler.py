@@ -48,13 +48,17 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
+from .group_layout import GroupLayout
+
 PromptSelectionFn = Callable[..., list[int]]
 _SELECTIONS: dict[str, PromptSelectionFn] = {}
 
 
 def prompt_selection(variant_id: str) -> Callable[[PromptSelectionFn], PromptSelectionFn]:
     """Register `fn(state, num_prompts, dataset_size, *, seed, <config fields>) -> list[int]` as the prompt
-    selection of rollout-filter variant `variant_id`. `fn` initialises `state` when empty and may update it (draw
+    selection of rollout-filter variant `variant_id`. A selection that sizes each prompt's group returns
+    `(indices, sizes)` instead: `Σ sizes = num_prompts × num_generations` rows, any number of prompts
+    (`group_layout.py`). `fn` initialises `state` when empty and may update it (draw
     counters); it must depend on nothing but its arguments, so that every process selects the same prompts."""
 
     def decorator(fn: PromptSelectionFn) -> PromptSelectionFn:
@@ -86,6 +90,7 @@ class PromptSelectionSampler(Sampler[int]):
         self.prompts_per_batch = args.generation_batch_size // trainer.num_generations
         self.repeat_count = trainer.num_iterations * args.steps_per_generation
         self.dataset_size = len(dataset)
+        self.layout: GroupLayout | None = None  # group sizes of the last selection, None when all are G
         if self.prompts_per_batch > self.dataset_size:
             raise ValueError(
                 f"rollout_filter={variant_id!r} selects {self.prompts_per_batch} distinct prompts per generation batch "
@@ -114,11 +119,21 @@ class PromptSelectionSampler(Sampler[int]):
         kwargs = config_kwargs(self.selection, trainer.args)
         if "trainer" in inspect.signature(self.selection).parameters:  # it reads other variants' state (spo_prioritized)
             kwargs["trainer"] = trainer
-        indices = self.selection(state, self.prompts_per_batch, self.dataset_size, **kwargs)  # `seed`: args.seed
-        if len(indices) != self.prompts_per_batch or not all(0 <= i < self.dataset_size for i in indices):
+        selected = self.selection(state, self.prompts_per_batch, self.dataset_size, **kwargs)  # `seed`: args.seed
+        self.layout = None
+        if isinstance(selected, tuple):  # (indices, group sizes): variable groups (group_layout.py)
+            indices, sizes = selected
+            self.layout = GroupLayout.from_sizes(sizes, self.prompts_per_batch * self.num_generations,
+                                                 f"rollout_filter={self.variant_id!r}")
+            expected = self.layout.sizes.numel()
+        else:
+            indices, expected = selected, self.prompts_per_batch
+        if len(indices) != expected or not all(0 <= i < self.dataset_size for i in indices):
             raise RuntimeError(f"{self.variant_id}: the selection returned {indices}, expected "
-                               f"{self.prompts_per_batch} indices in [0, {self.dataset_size}).")
+                               f"{expected} indices in [0, {self.dataset_size}).")
         state["pending"] = torch.tensor(indices, dtype=torch.int64)
+        if self.layout is not None:
+            state["pending_sizes"] = self.layout.sizes.clone()
         return list(indices)
 
     def generation_rows(self, local_batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -126,7 +141,8 @@ class PromptSelectionSampler(Sampler[int]):
         indices = self.select()
         local_n = len(local_batch)
         start = self.trainer.accelerator.process_index * local_n
-        global_rows = [i for i in indices for _ in range(self.num_generations)]
+        sizes = [self.num_generations] * len(indices) if self.layout is None else self.layout.sizes.tolist()
+        global_rows = [i for i, size in zip(indices, sizes) for _ in range(size)]
         if len(global_rows) != local_n * self.trainer.accelerator.num_processes:
             raise RuntimeError(f"{self.variant_id}: {len(global_rows)} selected rows for a generation batch of "
                                f"{local_n} rows × {self.trainer.accelerator.num_processes} processes.")

@@ -20,10 +20,13 @@ import torch
 from ..contracts import RolloutBatch
 from ..registry import register
 from ._scoring import score_aside
+from .group_layout import check_variable_groups
 from .prompt_sampler import prompt_selection
 
 VARIANT_ID = "sgpo"
 ORDERS = ("easy_to_hard", "hard_to_easy", "shuffled")
+GROUP_SIZE_RULES = ("inverse_success", "fixed")
+MIN_GROUP_SIZE = 2  # a group of one rollout has advantage 0
 
 
 def _validate(config: Any) -> None:
@@ -42,6 +45,18 @@ def _validate(config: Any) -> None:
     if config.sgpo_order not in ORDERS:
         raise ValueError(f"sgpo_order={config.sgpo_order!r}: use one of {ORDERS} ('easy_to_hard' is the paper's "
                          "curriculum).")
+    if config.sgpo_group_size not in GROUP_SIZE_RULES:
+        raise ValueError(f"sgpo_group_size={config.sgpo_group_size!r}: use one of {GROUP_SIZE_RULES} "
+                         "('inverse_success' is the paper's G = 1/p̂; 'fixed' gives every prompt num_generations).")
+    cap = config.sgpo_max_group_size
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < MIN_GROUP_SIZE):
+        raise ValueError(f"sgpo_max_group_size={cap!r}: use an integer ≥ {MIN_GROUP_SIZE} (the group size of the "
+                         "hardest prompts), or None for num_generations.")
+    if cap is not None and config.sgpo_group_size == "fixed":
+        raise ValueError("sgpo_max_group_size only caps sgpo_group_size='inverse_success'; with 'fixed' every group "
+                         "has num_generations rollouts. Drop sgpo_max_group_size.")
+    if config.sgpo_group_size == "inverse_success":
+        check_variable_groups(config, "sgpo_group_size='inverse_success'")
     if getattr(config, "use_vllm", False):
         raise ValueError("rollout_filter='sgpo' profiles the prompts with the trainer's transformers generator; it "
                          "does not run with use_vllm=True yet. Set use_vllm=False.")
@@ -136,12 +151,53 @@ def profile_success_rates(trainer: Any, dataset: Any, samples: int, threshold: f
     return success_rates(rewards, threshold)
 
 
+def inverse_success_group_sizes(p_hat: torch.Tensor, max_size: int) -> torch.Tensor:
+    """`(M,)` int64 group sizes `G_x = min(max(⌈1/p̂_x⌉, 2), max_size)` (`G_x = max_size` for `p̂_x = 0`; NaN, a
+    dropped prompt, gets `max_size` too). p̂ = .25 → 4, .5 → 2, .75 → ⌈1.33⌉ = 2, 1/3 → 3 (the ceiling is taken
+    of `1/p̂ − 1e−9`, so that a float reciprocal just above an integer does not round up)."""
+    p = p_hat.double()
+    inverse = torch.where(p > 0, torch.ceil(1.0 / p.clamp(min=1e-12) - 1e-9), torch.full_like(p, float(max_size)))
+    inverse = torch.nan_to_num(inverse, nan=float(max_size))
+    return inverse.clamp(min=MIN_GROUP_SIZE, max=max_size).to(torch.int64)
+
+
+def fill_row_budget(order: torch.Tensor, sizes: torch.Tensor, served: int, num_rows: int) -> tuple[list[int],
+                                                                                                    list[int]]:
+    """The groups of one generation batch of `num_rows` rows: curriculum positions `served, served + 1, …` (modulo
+    `K = len(order)`), prompt `x` taking `sizes[x]` rows, until the budget is spent. Returns `(prompts, group sizes)`.
+
+    **Choice** for the last group, which rarely fits exactly: with `r < sizes[x]` rows left, prompt `x` gets a group
+    of `r` rows when `r ≥ 2`; when `r = 1` the row goes to the previous group (which may then exceed the cap by one)
+    and `x` waits for the next batch. A curriculum shorter than a batch wraps, so a prompt can own two groups of one
+    batch (they are normalised separately)."""
+    if num_rows < MIN_GROUP_SIZE:
+        raise ValueError(f"rollout_filter='sgpo' with variable group sizes needs generation batches of at least "
+                         f"{MIN_GROUP_SIZE} rows, got {num_rows}.")
+    prompts: list[int] = []
+    group_sizes: list[int] = []
+    remaining, position = num_rows, served
+    while remaining:
+        x = int(order[position % order.numel()])
+        size = int(sizes[x])
+        if remaining == 1:
+            group_sizes[-1] += 1
+            break
+        prompts.append(x)
+        group_sizes.append(min(size, remaining))
+        remaining -= group_sizes[-1]
+        position += 1
+    return prompts, group_sizes
+
+
 @prompt_selection(VARIANT_ID)
 def sgpo_select(state: dict, num_prompts: int, dataset_size: int, trainer: Any = None, *, seed: int,
                 sgpo_profile_samples: int, sgpo_success_threshold: float, sgpo_unsolvable_keep: float,
-                sgpo_order: str) -> list[int]:
-    """The prompts of the next generation batch: the next `num_prompts` of the curriculum, wrapping to its start
-    when it is exhausted. Profiles the dataset and builds the curriculum on the first call (state empty)."""
+                sgpo_order: str, sgpo_group_size: str = "fixed", sgpo_max_group_size: int | None = None,
+                num_generations: int = 2) -> list[int] | tuple[list[int], list[int]]:
+    """The prompts of the next generation batch, wrapping to the curriculum's start when it is exhausted: the next
+    `num_prompts` of the curriculum (`sgpo_group_size="fixed"`), or as many as fill `num_prompts × num_generations`
+    rows with groups of `inverse_success_group_sizes` (`"inverse_success"`; returns `(prompts, sizes)`). Profiles the
+    dataset and builds the curriculum on the first call (state empty)."""
     if "order" not in state:
         if trainer is None:
             raise ValueError("rollout_filter='sgpo' profiles the train dataset: the seam must pass `trainer`.")
@@ -156,6 +212,15 @@ def sgpo_select(state: dict, num_prompts: int, dataset_size: int, trainer: Any =
     if state["p_hat"].numel() != dataset_size:
         raise ValueError(f"rollout_filter='sgpo' profiled {state['p_hat'].numel()} prompts but the train dataset has "
                          f"{dataset_size}; resume with the dataset the checkpoint was trained on.")
+    if sgpo_group_size == "inverse_success":
+        cap = num_generations if sgpo_max_group_size is None else sgpo_max_group_size
+        sizes = inverse_success_group_sizes(state["p_hat"], cap)
+        chosen, group_sizes = fill_row_budget(order, sizes, int(state["served"]), num_prompts * num_generations)
+        state["served"] = int(state["served"]) + len(chosen)
+        if trainer is not None:
+            trainer._metrics["train"]["groupx/sgpo_batch_profile_success"].append(
+                float(state["p_hat"][chosen].mean()))
+        return chosen, group_sizes
     if order.numel() < num_prompts:
         raise ValueError(f"rollout_filter='sgpo' kept {order.numel()} prompts after profiling but a generation batch "
                          f"needs {num_prompts} distinct ones: raise sgpo_unsolvable_keep, use a larger dataset, or a "
@@ -176,8 +241,10 @@ def sgpo_select(state: dict, num_prompts: int, dataset_size: int, trainer: Any =
     official_code=None,
     stage="sampling",
     flags={"rollout_filter": VARIANT_ID, "sgpo_profile_samples": 4, "sgpo_success_threshold": 0.5,
-           "sgpo_unsolvable_keep": 0.1, "sgpo_order": "easy_to_hard"},
-    params=("sgpo_profile_samples", "sgpo_success_threshold", "sgpo_unsolvable_keep", "sgpo_order"),
+           "sgpo_unsolvable_keep": 0.1, "sgpo_order": "easy_to_hard", "sgpo_group_size": "inverse_success",
+           "sgpo_max_group_size": None},
+    params=("sgpo_profile_samples", "sgpo_success_threshold", "sgpo_unsolvable_keep", "sgpo_order",
+            "sgpo_group_size", "sgpo_max_group_size"),
     stateful=True,
     validate=_validate,
 )
@@ -198,20 +265,28 @@ def sgpo(batch: RolloutBatch, *, state: dict) -> torch.Tensor:
       (`f = sgpo_unsolvable_keep`, **choice** 0.1), drawn with the run's seed; keep every `0 < p̂ < 1`; sort by
       decreasing p̂ (`sgpo_order="easy_to_hard"`; `"hard_to_easy"` and `"shuffled"` are ablations). A prompt no
       reward function scored (all NaN) is dropped (**choice**: it would train at advantage 0).
-    - Serving (`sgpo_select`, through the prompt-selection seam): generation batch `t` takes curriculum positions
-      `t·B … t·B + B − 1` modulo the curriculum length `K` (`B = generation_batch_size / num_generations`): after
+    - Serving (`sgpo_select`, through the prompt-selection seam): with fixed groups, generation batch `t` takes
+      curriculum positions `t·B … t·B + B − 1` modulo the curriculum length `K` (`B = generation_batch_size /
+      num_generations`; with variable groups, the next prompts whose groups fill the batch's rows): after
       the hardest prompt the curriculum restarts from the easiest (**choice**). The trainer's epoch length stays
       `len(dataset) // B` generation batches (HF sizes the dataloader before profiling); set `max_steps` to train
       on the reduced set only.
-    - **Choice**: no variable group size. TRL's repeat sampler, generation batch and advantage tensors use one
-      `num_generations` for the whole run, so the paper's `G ∝ 1/p̂` (p̂ = 0.25 → G = 4) is not implemented; every
-      kept prompt gets `num_generations` rollouts. This is the data side of sGPO only.
+    - Group size (`sgpo_group_size="inverse_success"`, the paper's rule "setting the training rollout group size to
+      the inverse of this success rate"): prompt x gets `G_x = ⌈1/p̂_x⌉` rollouts (p̂ = .25 → 4), at least 2 (a
+      one-rollout group has no advantage; **choice**) and at most `sgpo_max_group_size` (default `num_generations`;
+      prompts with p̂ = 0 get the cap; **choice**, the paper's cap was not retrievable). TRL's row budget is kept:
+      a generation batch has `generation_batch_size` rows, filled in curriculum order with whole groups
+      (`fill_row_budget`; the last group is cut to the rows left, **choice**), so the number of prompts per batch
+      varies. Advantages are GRPO's within each group (`sampling/group_layout.py`); advantage estimators,
+      token-weight variants and group-reading objectives are refused at config time. `sgpo_group_size="fixed"`
+      gives every prompt `num_generations` rollouts (`num_generations` per prompt, `B` prompts per batch).
 
     Shapes: `batch.rewards (N,)` → keep `(N,)`, all `True` (no rollout is dropped). Evaluation is untouched.
 
     State (saved with every checkpoint, so a resumed run neither re-profiles nor moves in the curriculum): `p_hat`
     `(M,)` float64 (NaN = unscored), `order` `(K,)` int64 dataset indices in training order, `served` (prompts
-    handed out so far), `pending` `(B,)` the prompts of the batch being scored (cleared here).
+    handed out so far), `pending` `(B,)` the prompts of the batch being scored and, with variable groups,
+    `pending_sizes` their group sizes (both cleared here).
 
     Args:
         batch (`RolloutBatch`): the global generation batch.
@@ -221,8 +296,16 @@ def sgpo(batch: RolloutBatch, *, state: dict) -> torch.Tensor:
         `torch.Tensor`: `(N,)` bool, all `True`.
     """
     pending = state.get("pending")
-    if pending is not None and pending.numel() and batch.rewards.shape[0] != pending.numel() * batch.group_size:
+    if batch.group_sizes is not None:
+        sizes = state.get("pending_sizes")
+        if sizes is None or not torch.equal(sizes.cpu(), batch.group_sizes.cpu()) or (
+                batch.rewards.shape[0] != int(sizes.sum())):
+            raise ValueError(f"rollout_filter='sgpo': {batch.rewards.shape[0]} rollouts in groups "
+                             f"{batch.group_sizes.tolist()}, but the selection recorded "
+                             f"{None if sizes is None else sizes.tolist()}.")
+    elif pending is not None and pending.numel() and batch.rewards.shape[0] != pending.numel() * batch.group_size:
         raise ValueError(f"rollout_filter='sgpo': {batch.rewards.shape[0]} rollouts for {pending.numel()} selected "
                          f"prompts of {batch.group_size} rollouts each.")
     state["pending"] = torch.zeros(0, dtype=torch.int64)
+    state.pop("pending_sizes", None)
     return torch.ones(batch.rewards.shape[0], dtype=torch.bool, device=batch.rewards.device)

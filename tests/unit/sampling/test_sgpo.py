@@ -155,3 +155,77 @@ def test_rollout_filter_small_groups(group_size):
     batch = RolloutBatch(rewards=rewards, completion_lengths=torch.ones(2 * group_size), group_size=group_size)
     state = {"pending": torch.tensor([4, 1])}
     assert sgpo(batch, state=state).tolist() == [True] * (2 * group_size) and state["pending"].numel() == 0
+
+
+# ---- group size G = 1/p̂ (variable groups) ---------------------------------------------------------------------------
+
+
+def test_inverse_success_group_sizes_by_hand():
+    from trl_groupx.sampling.sgpo import inverse_success_group_sizes
+
+    p = _d([0.25, 0.5, 0.75, 1 / 3, 0.0, 0.1, NAN, 1.0])
+    # ⌈1/p̂⌉: 4, 2, ⌈1.33⌉ = 2, 3 (1/(1/3) is 3 in floats, not rounded up), p̂ = 0 → cap, ⌈10⌉ capped at 8,
+    # unscored → cap, p̂ = 1 → 1 raised to the floor of 2
+    assert inverse_success_group_sizes(p, 8).tolist() == [4, 2, 2, 3, 8, 8, 8, 2]
+    assert inverse_success_group_sizes(p, 3).tolist() == [3, 2, 2, 3, 3, 3, 3, 2]
+
+
+def test_fill_row_budget_by_hand():
+    from trl_groupx.sampling.sgpo import fill_row_budget
+
+    sizes = torch.tensor([0, 4, 2, 4, 2, 0, 0, 2])  # by dataset index (trivial prompts never in the order)
+    order = torch.tensor([2, 7, 4, 1, 3])
+    # 8 rows: 2, 7, 4 take 2 each, 2 rows left for prompt 1 (size 4): its group is cut to 2
+    assert fill_row_budget(order, sizes, 0, 8) == ([2, 7, 4, 1], [2, 2, 2, 2])
+    # from position 4: 3 (4 rows), wrap: 2 (2), 7 (2)
+    assert fill_row_budget(order, sizes, 4, 8) == ([3, 2, 7], [4, 2, 2])
+    # 7 rows from position 3: 1 (4), 3 would take 4 of 3 left → cut to 3
+    assert fill_row_budget(order, sizes, 3, 7) == ([1, 3], [4, 3])
+    # 5 rows from 0: 2, 7 (4 rows), one row left: it joins 7's group, prompt 4 waits
+    assert fill_row_budget(order, sizes, 0, 5) == ([2, 7], [2, 3])
+    with pytest.raises(ValueError, match="at least 2 rows"):
+        fill_row_budget(order, sizes, 0, 1)
+
+
+def test_select_with_inverse_success_returns_groups_and_advances_by_prompts():
+    state = {"p_hat": _d(P_HAT), "order": torch.tensor([2, 7, 4, 1, 3]), "served": 0}
+    flags = _flags(sgpo_group_size="inverse_success", num_generations=4)
+    # p̂ of 2, 7, 4, 1, 3: .75, .75, .5, .25, 0 → sizes 2, 2, 2, 4, cap 4; 2 prompts × G = 8 rows per batch
+    assert sgpo_select(state, 2, 8, **flags) == ([2, 7, 4, 1], [2, 2, 2, 2]) and state["served"] == 4
+    assert sgpo_select(state, 2, 8, **flags) == ([3, 2, 7], [4, 2, 2]) and state["served"] == 7
+    capped = {"p_hat": _d(P_HAT), "order": torch.tensor([2, 7, 4, 1, 3]), "served": 3}
+    # cap 3: prompt 1 gets 3, prompt 3 gets 3, then 2 rows for prompt 2
+    assert sgpo_select(capped, 2, 8, **{**flags, "sgpo_max_group_size": 3}) == ([1, 3, 2], [3, 3, 2])
+
+
+def test_rollout_filter_checks_the_recorded_group_sizes():
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0])
+    batch = RolloutBatch(rewards=rewards, completion_lengths=torch.ones(8), group_size=4,
+                         group_sizes=torch.tensor([4, 2, 2]))
+    state = {"pending": torch.tensor([3, 2, 7]), "pending_sizes": torch.tensor([4, 2, 2])}
+    assert sgpo(batch, state=state).all() and "pending_sizes" not in state and state["pending"].numel() == 0
+    with pytest.raises(ValueError, match=r"groups \[4, 2, 2\], but the selection recorded \[2, 2, 4\]"):
+        sgpo(batch, state={"pending": torch.tensor([3, 2, 7]), "pending_sizes": torch.tensor([2, 2, 4])})
+
+
+def test_group_size_flags_and_stages_that_read_fixed_groups_fail_at_construction():
+    assert _config().sgpo_group_size == "inverse_success"  # the paper's rule by default
+    assert trl_groupx.get_variant("sgpo").flags["sgpo_group_size"] == "inverse_success"
+    for flags, match in [
+        ({"sgpo_group_size": "adaptive"}, "sgpo_group_size='adaptive': use one of"),
+        ({"sgpo_max_group_size": 1}, "sgpo_max_group_size=1: use an integer ≥ 2"),
+        ({"sgpo_max_group_size": True}, "sgpo_max_group_size=True"),
+        ({"sgpo_group_size": "fixed", "sgpo_max_group_size": 8}, "only caps sgpo_group_size='inverse_success'"),
+        ({"advantage_estimator": "rloo"}, r"sgpo_group_size='inverse_success' gives prompts groups of different "
+                                          r"sizes, but advantage_estimator='rloo'.*set sgpo_group_size to its "
+                                          r"fixed-size value or drop advantage_estimator"),
+        ({"token_weighting": "gtpo_entropy"}, r"but token_weighting='gtpo_entropy' reads groups"),
+        ({"loss_type": "gvpo", "beta": 0.1}, r"but loss_type='gvpo' reads each rollout's group \(\['group_structure'\]\)"),
+        ({"loss_type": "srpo"}, r"but loss_type='srpo' reads each rollout's group \(\['self_teacher_topk'\]\)"),
+        ({"edge_grpo_gec": True}, "but edge_grpo_gec=True corrects responses within fixed-size groups"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            _config(**flags)
+    # with fixed groups the same combinations are fine, and a group-agnostic objective composes with variable groups
+    assert _config(sgpo_group_size="fixed", advantage_estimator="rloo").advantage_estimator == "rloo"
+    assert _config(loss_type="gmpo").loss_type == "gmpo"
