@@ -22,6 +22,7 @@ from .graphgpo import graphgpo_step_advantages
 from .group_norm import TRL_STD_EPS, decoupled_normalized_advantages, group_normalized_advantages
 from .grpo_passk import grpo_passk_advantages
 from .hgpo import hgpo_step_advantages
+from .lm_components import EmbeddingSimilarityScorer, LMJudge
 from .mathforge_dgpo import mathforge_dgpo_advantages
 from .mc_grpo import mc_grpo_advantages
 from .mdp_grpo import mdp_grpo_advantages
@@ -43,6 +44,8 @@ from .verigate import verigate_advantages
 
 __all__ = [
     "TRL_STD_EPS",
+    "EmbeddingSimilarityScorer",
+    "LMJudge",
     "aapo_advantages",
     "allneg_aifeedback_advantages",
     "dagrpo_advantages",

@@ -10,6 +10,11 @@ The judge is a component the user supplies, registered by name (recipes resolve 
 
 `"arithmetic_prefix"` (built in) is a rule-based toy judge for the shipped arithmetic task: the share of the
 reference answer a completion gets right from the left (`trl_groupx.rewards.arithmetic_prefix_prm`).
+
+A model-backed judge, as the paper uses, is `LMJudge` (`trl_groupx/advantages/lm_components.py`): the judge LM's
+next-token `P(yes) / (P(yes) + P(no))` after a documented question template, a score in `[0, 1]` as this variant
+expects; register one (`register_allneg_judge("my_judge", LMJudge.from_pretrained(path))`) or, from a recipe,
+name a model: `allneg_aifeedback_judge: "lm_judge:<model folder or hub id>"` (built with the defaults on first use).
 """
 
 from __future__ import annotations
@@ -22,13 +27,16 @@ import torch
 from ..registry import register
 from ..rewards.arithmetic_prm import arithmetic_prefix_prm
 from ._checks import reject_infinite
-from ._group_judges import NamedJudges, call_judge_on_rows, local_selected_rows
+from ._group_judges import call_judge_on_rows, local_selected_rows
 from .group_norm import group_normalized_advantages
+from .lm_components import MODEL_JUDGE_PREFIX, LMJudge, ModelNamedJudges
 
 VARIANT_ID = "allneg_aifeedback"
 JUDGE_FLAG = "allneg_aifeedback_judge"
 
-JUDGES = NamedJudges(JUDGE_FLAG, "trl_groupx.advantages.allneg_aifeedback.register_allneg_judge")
+# `lm_judge:<model>` names an LM judge built from that model on first use (recipes cannot register one).
+JUDGES = ModelNamedJudges(JUDGE_FLAG, "trl_groupx.advantages.allneg_aifeedback.register_allneg_judge",
+                          MODEL_JUDGE_PREFIX, LMJudge.from_pretrained)
 register_allneg_judge = JUDGES.register
 register_allneg_judge("arithmetic_prefix", arithmetic_prefix_prm)
 

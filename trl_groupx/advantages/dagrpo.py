@@ -12,7 +12,11 @@ A scorer receives the responses of one group (decoded texts and token ids, paddi
 similarity matrix (`sim[i][j]` in `[0, 1]`, 1 = indistinct; `None` for a pair it cannot score). A scorer that gives
 each response a fine-grained quality score `s_i ∈ [0, 1]` (the paper's LLM scorer) is written as
 `sim[i][j] = 1 − |s_i − s_j|`. `"token_jaccard"` (built in) is a rule-based toy scorer: the Jaccard overlap of the
-two responses' token-id sets.
+two responses' token-id sets. A model-backed scorer is `EmbeddingSimilarityScorer`
+(`trl_groupx/advantages/lm_components.py`): the cosine similarity (negative clipped to 0) of the two responses'
+mean-pooled last hidden states under any model; register one (`register_dagrpo_scorer("my_scorer",
+EmbeddingSimilarityScorer.from_pretrained(path))`) or, from a recipe, name a model:
+`dagrpo_scorer: "embedding:<model folder or hub id>"` (built with the defaults on first use).
 
 Off-policy Data Augmentation (the paper's second mechanism, high-quality anchors for hard queries) is GCPO's
 reference injection: combine `advantage_estimator="dagrpo"` with `rollout_filter="gcpo_ref"` (a reference solution
@@ -29,13 +33,15 @@ import torch
 
 from ..registry import register
 from ._checks import reject_infinite
-from ._group_judges import NamedJudges
 from .group_norm import group_normalized_advantages
+from .lm_components import MODEL_SCORER_PREFIX, EmbeddingSimilarityScorer, ModelNamedJudges
 
 VARIANT_ID = "dagrpo"
 SCORER_FLAG = "dagrpo_scorer"
 
-SCORERS = NamedJudges(SCORER_FLAG, "trl_groupx.advantages.dagrpo.register_dagrpo_scorer")
+# `embedding:<model>` names an embedding scorer built from that model on first use (recipes cannot register one).
+SCORERS = ModelNamedJudges(SCORER_FLAG, "trl_groupx.advantages.dagrpo.register_dagrpo_scorer", MODEL_SCORER_PREFIX,
+                           EmbeddingSimilarityScorer.from_pretrained)
 register_dagrpo_scorer = SCORERS.register
 
 
