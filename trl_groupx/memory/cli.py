@@ -46,6 +46,15 @@ def make_parser() -> argparse.ArgumentParser:
                    help="trl-fused: TRL 1.16's tiled LM head (default); unfused: full logits (older TRL)")
     t.add_argument("--beta", type=float, default=0.0)
     t.add_argument("--num_iterations", type=int, default=1)
+    x = p.add_argument_group("variants with extra models or buffers")
+    x.add_argument("--sppo_value_model", default=None,
+                   help="SPPO (advantage_estimator=sppo): the value model, resolved like --model (fp32 + its AdamW)")
+    x.add_argument("--s2l_po_explorer_model", default=None,
+                   help="S2L-PO (rollout_filter=s2l_po): the frozen explorer, resolved like --model")
+    x.add_argument("--loss_type", default=None, help="srpo plans SRPO's teacher targets and self-teacher")
+    x.add_argument("--rollout_filter", default=None, help="logit_avg plans its frozen reference copy (full FT)")
+    x.add_argument("--srpo_distill_topk", type=int, default=100, help="SRPO: k of the stored teacher top-k")
+    x.add_argument("--srpo_teacher_kind", default="ema", choices=["ema", "live", "base"])
     v = p.add_argument_group("generation")
     v.add_argument("--use_vllm", action="store_true")
     v.add_argument("--vllm_mode", default="colocate", choices=["colocate", "server"])
@@ -82,6 +91,10 @@ def main(argv: list[str] | None = None) -> None:
             vllm_gpu_memory_utilization=ns.vllm_gpu_memory_utilization,
             vllm_enable_sleep_mode=ns.vllm_enable_sleep_mode, vllm_max_model_length=ns.vllm_max_model_length,
             vllm_enforce_eager=ns.vllm_enforce_eager, gpu_memory_gib=ns.gpu_gb,
+            value_model=ns.sppo_value_model, explorer_model=ns.s2l_po_explorer_model,
+            logit_avg=ns.rollout_filter == "logit_avg",
+            srpo_distill_topk=ns.srpo_distill_topk if ns.loss_type == "srpo" else None,
+            srpo_teacher_kind=ns.srpo_teacher_kind,
         )
     except ValueError as e:
         parser.exit(2, f"trl-groupx plan: error: {e}\n")

@@ -33,6 +33,27 @@ width, `V` vocab, `r` LoRA rank, `B` per_device_train_batch_size, `T_p`/`T_c` pr
   or FP8 policy), resident; its no-grad log-prob pass (TRL's path: one layer + the head, as above, with the
   teacher's sizes) is transient, taken as the larger of it and the training step's activations + head. RTO's DPO
   model (trl_groupx `rto_dpo_model`) is loaded and run the same way and planned as this teacher (one of the two).
+* SPPO's value model (`value_model`, trl_groupx `sppo_value_model` with `advantage_estimator="sppo"`;
+  `advantages/sppo_value.py`): a `*ForTokenClassification` model with one label, float32, with its own AdamW:
+  `P_v = P − embedding_params + V·H + H + 1` parameters (backbone with one embedding matrix, no `lm_head`, a scalar
+  head with bias), resident `P_v·(4 + 8)` (weights + two fp32 Adam states). Its BCE update, once per generation
+  batch and never at the same time as the policy's backward, is transient: fp32 gradients `4·P_v` (set to None
+  after each step), under bf16 autocast the bf16 copies autocast caches of its linear weights `2·(P_lin,v + H)`,
+  and the activations of one micro-batch of `B` prompts of `T_p` tokens without gradient checkpointing
+  `e·B·T_p·L_v·k_layer,v` (`k_layer` without LoRA or Liger terms; `e` = 2 under bf16 autocast, else 4).
+* S2L-PO's explorer (`explorer`, trl_groupx `s2l_po_explorer_model` with `rollout_filter="s2l_po"`): a frozen model
+  loaded like dGRPO's teacher (weights in the policy's float dtype, resident); on explorer batches transformers
+  `generate()` runs on it, so the generation peak takes the larger of the policy's and the explorer's KV cache +
+  prefill (same sequences per call, the explorer's sizes). S2L-PO refuses vLLM.
+* logit averaging (`logit_avg`, `rollout_filter="logit_avg"`): under full fine-tuning a frozen copy of the policy
+  in its dtype, `W`, next to TRL's own reference when `beta != 0`; nothing under LoRA (the adapter is disabled).
+* SRPO (`srpo_distill_topk`, trl_groupx `loss_type="srpo"`; `objective/self_teacher.py`): the generation batch's
+  teacher targets, kept until the next generation batch replaces them (TRL still holds them while it generates
+  that one), so resident: `N·T_c·k·(8 + 4) + N·T_c·4 + N` bytes (int64 top-k ids, fp32 top-k log-probs, fp32
+  entropy weights, bool routing; `N = B·steps_per_generation`, `k = min(srpo_distill_topk, V)`); and the
+  self-teacher: under full fine-tuning a frozen copy in the policy's dtype `W` (`srpo_teacher_kind` "ema" or
+  "base"), under LoRA with "ema" a second adapter and TRL's shadow copy of it, `N_lora·(4 + 4)` (`N_lora·(4 + 2)`
+  under QLoRA, whose student adapter, hence the shadow, is bf16); "live", and "base" under LoRA, add nothing.
 """
 
 from __future__ import annotations
@@ -54,6 +75,7 @@ TRL_VOCAB_TILE = 32768  # trl/trainer/utils.py _CHUNKED_LOGPROB_CHUNK_SIZE (TRL 
 LOGPROB_HEADS = ("trl-fused", "unfused", "liger")
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "fp8": 1}
 VLLM_MODES = ("colocate", "server")
+SRPO_TEACHER_KINDS = ("ema", "live", "base")
 
 
 _HEAD_LABEL = {"trl-fused": "log-prob head (TRL fused tiles)", "unfused": "log-prob head (B x T_c x V logits)",
@@ -113,6 +135,11 @@ class PlanInputs:
     vllm_sleep_residual_gib: float = 0.2
     kv_cache_dtype_bytes: int = 2
     teacher: Architecture | None = None  # dGRPO's frozen teacher (trl_groupx `opd_teacher_model`)
+    value_model: Architecture | None = None  # SPPO's value model (trl_groupx `sppo_value_model`)
+    explorer: Architecture | None = None  # S2L-PO's frozen explorer (trl_groupx `s2l_po_explorer_model`)
+    logit_avg: bool = False  # logit-averaged reference anchoring (trl_groupx `rollout_filter="logit_avg"`)
+    srpo_distill_topk: int | None = None  # SRPO (trl_groupx `loss_type="srpo"`): k of its teacher targets; None = off
+    srpo_teacher_kind: str = "ema"  # SRPO's self-teacher: "ema", "live" or "base"
 
 
 @dataclass
@@ -171,6 +198,13 @@ class MemoryPlan:
     suggestions: list[Suggestion] = field(default_factory=list)
     teacher_model: int = 0  # dGRPO teacher weights
     teacher_logprobs: int = 0  # its no-grad log-prob pass (transient)
+    value_model: int = 0  # SPPO value model: fp32 weights + AdamW states (resident)
+    value_update: int = 0  # its BCE update: fp32 gradients + autocast weight copies + activations (transient)
+    explorer_model: int = 0  # S2L-PO explorer weights (resident)
+    explorer_generation: int = 0  # generate() on the explorer: KV cache + prefill with its sizes
+    logit_avg_reference: int = 0  # logit averaging's frozen copy of the policy (full fine-tuning)
+    srpo_teacher: int = 0  # SRPO self-teacher: frozen copy (full fine-tuning) or EMA adapter + shadow (LoRA)
+    srpo_targets: int = 0  # SRPO teacher top-k targets of the generation batch (resident)
 
     @property
     def fits(self) -> bool:
@@ -197,6 +231,17 @@ class MemoryPlan:
             rows.append(("reference model", self.reference_model))
         if self.teacher_model:
             rows.append(("teacher model (dGRPO, frozen)", self.teacher_model))
+        if self.value_model:
+            rows.append(("value model + AdamW (SPPO, fp32)", self.value_model))
+        if self.explorer_model:
+            rows.append(("explorer model (S2L-PO, frozen)", self.explorer_model))
+        if self.logit_avg_reference:
+            rows.append(("logit-averaging reference (frozen copy)", self.logit_avg_reference))
+        if self.srpo_teacher:
+            rows.append(("SRPO self-teacher (" + ("EMA adapter + shadow)" if self.inputs.use_peft else
+                                                  f"{self.inputs.srpo_teacher_kind} copy)"), self.srpo_teacher))
+        if self.srpo_targets:
+            rows.append(("SRPO teacher top-k targets (generation batch)", self.srpo_targets))
         rows += [
             ("activations (one micro-batch" + (", shared prefix)" if self.inputs.prefix_grouper else ")"),
              self.activations),
@@ -207,6 +252,8 @@ class MemoryPlan:
             rows.append(("no-grad log-prob pass (max with act.+head)", self.nograd_logprobs))
         if self.teacher_logprobs:
             rows.append(("teacher log-prob pass (max with act.+head)", self.teacher_logprobs))
+        if self.value_update:
+            rows.append(("SPPO value update (max with act.+head)", self.value_update))
         if self.quant_transient:
             rows.append(("4-bit dequantisation buffer", self.quant_transient))
         rows.append(("allocator fragmentation", self.fragmentation))
@@ -219,6 +266,8 @@ class MemoryPlan:
             ]
         if self.hf_generation:
             rows.append(("generate(): KV cache + prefill", self.hf_generation))
+        if self.explorer_generation:
+            rows.append(("generate() on the explorer (max with above)", self.explorer_generation))
         return rows
 
     def report(self) -> str:
@@ -397,6 +446,67 @@ def teacher_logprob_bytes(i: PlanInputs) -> int:
     return _nograd_pass_bytes(dataclasses.replace(i, arch=i.teacher, prefix_grouper=False, logps_chunk_size=None))
 
 
+def value_model_params(arch: Architecture) -> int:
+    """`P_v`: parameters of SPPO's value model, `AutoModelForTokenClassification(num_labels=1)` of `arch`: the
+    backbone (one embedding matrix, no `lm_head`) and a linear head `H → 1` with bias."""
+    return arch.num_params - arch.embedding_params + arch.vocab_size * arch.hidden_size + arch.hidden_size + 1
+
+
+def value_model_bytes(i: PlanInputs) -> int:
+    """SPPO's value model, resident: fp32 weights + AdamW's two fp32 states, `P_v·(4 + 8)`; 0 without one."""
+    return 0 if i.value_model is None else value_model_params(i.value_model) * (4 + 8)
+
+
+def value_update_bytes(i: PlanInputs) -> int:
+    """Transient of SPPO's value-model update (`PromptValueModel.update`): fp32 gradients `4·P_v`; under bf16
+    autocast the cached bf16 copies of the linear weights (decoder projections + the scalar head) `2·(P_lin + H)`;
+    the activations of one micro-batch of `B` prompts (`T_p` tokens, no gradient checkpointing) over its `L`
+    layers, `e·B·T_p·L·(4H + 2q + 2kv + 4I [+ q + kv with q/k-norm])`, `e` = 2 under bf16 autocast, else 4. The
+    no-grad value forward before it is smaller (no gradients, one layer's intermediates) and not counted."""
+    a = i.value_model
+    if a is None:
+        return 0
+    e = 2 if i.bf16 else 4
+    h, q, kv, inter = a.hidden_size, a.q_dim, a.kv_dim, a.intermediate_size
+    k = 4 * h + 2 * q + 2 * kv + 4 * inter + (q + kv if a.qk_norm else 0)
+    casts = 2 * (a.linear_params + h) if i.bf16 else 0
+    return 4 * value_model_params(a) + casts + e * i.per_device_train_batch_size * i.prompt_length * a.num_layers * k
+
+
+def srpo_target_bytes(i: PlanInputs) -> int:
+    """SRPO's teacher targets of one per-device generation batch (`N = B·steps_per_generation` rows, `T_c` tokens,
+    `k = min(srpo_distill_topk, V)`): int64 top-k ids and fp32 top-k log-probs `N·T_c·k·12`, fp32 entropy weights
+    `N·T_c·4`, bool routing `N`; 0 without SRPO."""
+    if i.srpo_distill_topk is None:
+        return 0
+    n, tc = i.per_device_train_batch_size * i.steps_per_generation, i.completion_length
+    k = min(i.srpo_distill_topk, i.arch.vocab_size)
+    return n * tc * k * (8 + 4) + n * tc * 4 + n
+
+
+def srpo_teacher_bytes(i: PlanInputs, policy_weights: int) -> int:
+    """SRPO's self-teacher: under full fine-tuning a frozen copy of the policy (`policy_weights`) for "ema" and
+    "base"; under LoRA with "ema" TRL's second adapter (fp32, peft's adapter dtype) and its shadow copy in the
+    student adapter's dtype (bf16 under QLoRA, TRL's cast), `N_lora·(4 + 4 | 2)`; otherwise 0."""
+    if i.srpo_distill_topk is None or i.srpo_teacher_kind == "live":
+        return 0
+    if not i.use_peft:
+        return policy_weights
+    if i.srpo_teacher_kind != "ema":
+        return 0  # "base" under LoRA: the policy with its adapter disabled
+    return lora_params(i.arch, i.lora_r, i.lora_target_modules) * (4 + (2 if i.load_in_4bit else 4))
+
+
+def hf_generation_bytes(i: PlanInputs, arch: Architecture | None = None) -> int:
+    """transformers `generate()` on `generation_sequences(i)` sequences of `arch` (default: the policy): KV cache
+    `n·T·2·L·kv·e` + one layer of prefill `n·T_p·(H + q + 2kv + 2I)·e`, times the fragmentation factor."""
+    a = arch or i.arch
+    e, n_seq = _act_bytes(i), generation_sequences(i)
+    kv_hf = n_seq * (i.prompt_length + i.completion_length) * 2 * a.num_layers * a.kv_dim * e
+    prefill = n_seq * i.prompt_length * (a.hidden_size + a.q_dim + 2 * a.kv_dim + 2 * a.intermediate_size) * e
+    return round((kv_hf + prefill) * i.fragmentation)
+
+
 def _nograd_pass_bytes(i: PlanInputs) -> int:
     a = i.arch
     b, tc, v, h = i.per_device_train_batch_size, i.completion_length, a.vocab_size, a.hidden_size
@@ -459,8 +569,13 @@ def _compute(i: PlanInputs) -> MemoryPlan:
     teacher_fmt = i.weight_dtype if i.weight_dtype not in ("nf4", "fp8") else "bfloat16"
     teacher_w = 0 if i.teacher is None else weight_bytes(i.teacher, teacher_fmt)
     teacher_pass = teacher_logprob_bytes(i)
+    value_w, value_pass = value_model_bytes(i), value_update_bytes(i)
+    # S2L-PO's explorer is loaded as dGRPO's teacher is (`objective.dgrpo.load_frozen_model`)
+    explorer_w = 0 if i.explorer is None else weight_bytes(i.explorer, teacher_fmt)
+    logit_ref = w if (i.logit_avg and not i.use_peft) else 0
+    srpo_teacher, srpo_targets = srpo_teacher_bytes(i, w), srpo_target_bytes(i)
     quant = 2 * a.hidden_size * a.intermediate_size if i.load_in_4bit else 0
-    transient = max(act + head, nograd, teacher_pass) + quant
+    transient = max(act + head, nograd, teacher_pass, value_pass) + quant
     frag = round(transient * (i.fragmentation - 1))
     ctx = round(i.cuda_context_gib * GiB)
     kv_bpt = 2 * a.num_layers * a.kv_dim * i.kv_cache_dtype_bytes
@@ -470,7 +585,7 @@ def _compute(i: PlanInputs) -> MemoryPlan:
     warnings: list[str] = []
     notes: list[str] = []
 
-    vllm_budget = vllm_w = vllm_over = vllm_kv = resident = hf_gen = 0
+    vllm_budget = vllm_w = vllm_over = vllm_kv = resident = hf_gen = explorer_gen = 0
     kv_tokens = 0
     max_model_len: int | None = None
     colocate = i.use_vllm and i.vllm_mode == "colocate"
@@ -514,19 +629,16 @@ def _compute(i: PlanInputs) -> MemoryPlan:
         notes.append("vllm_mode='server': generation runs on another GPU; only the trainer is planned here.")
     else:
         # transformers generate() on the whole generation batch, or on `generation_micro_group_size` sequences at a
-        # time: KV cache (weight dtype) + one layer of prefill
-        e = _act_bytes(i)
-        n_seq = generation_sequences(i)
-        kv_hf = n_seq * t_total * 2 * a.num_layers * a.kv_dim * e
-        prefill = n_seq * i.prompt_length * (a.hidden_size + a.q_dim + 2 * a.kv_dim + 2 * a.intermediate_size) * e
-        hf_gen = round((kv_hf + prefill) * i.fragmentation)
+        # time: KV cache (weight dtype) + one layer of prefill; S2L-PO's explorer batches run it on the explorer
+        hf_gen = hf_generation_bytes(i)
+        explorer_gen = 0 if i.explorer is None else hf_generation_bytes(i, i.explorer)
 
-    base = w + s + ref + teacher_w + ctx
+    base = w + s + ref + teacher_w + value_w + explorer_w + logit_ref + srpo_teacher + srpo_targets + ctx
     train_peak = base + resident + transient + frag
     if colocate:
         generation_peak = base + vllm_budget
     else:
-        generation_peak = base + hf_gen
+        generation_peak = base + max(hf_gen, explorer_gen)
     peak = max(train_peak, generation_peak)
     phase = "training step" if train_peak >= generation_peak else "generation"
 
@@ -554,6 +666,8 @@ def _compute(i: PlanInputs) -> MemoryPlan:
         generation_peak=generation_peak, peak=peak, phase=phase, kv_bytes_per_token=kv_bpt, kv_tokens=kv_tokens,
         max_model_len=max_model_len, concurrent_sequences=concurrent, generation_batch=gen_batch, verdict=verdict,
         problems=problems, warnings=warnings, notes=notes, teacher_model=teacher_w, teacher_logprobs=teacher_pass,
+        value_model=value_w, value_update=value_pass, explorer_model=explorer_w, explorer_generation=explorer_gen,
+        logit_avg_reference=logit_ref, srpo_teacher=srpo_teacher, srpo_targets=srpo_targets,
     )
 
 
@@ -607,6 +721,14 @@ def _check_inputs(i: PlanInputs) -> None:
     if i.weight_dtype not in ("nf4", "fp8"):
         _dtype_bytes(i.weight_dtype, "weight_dtype")
     _targets(i.lora_target_modules)
+    if i.explorer is not None and i.use_vllm:
+        raise ValueError("an S2L-PO explorer generates with transformers generate() (rollout_filter='s2l_po' refuses "
+                         "vLLM): drop use_vllm or the explorer model.")
+    topk = i.srpo_distill_topk
+    if topk is not None and (not isinstance(topk, int) or isinstance(topk, bool) or topk < 1):
+        raise ValueError(f"srpo_distill_topk must be a positive integer or None, got {topk!r}.")
+    if i.srpo_teacher_kind not in SRPO_TEACHER_KINDS:
+        raise ValueError(f"srpo_teacher_kind={i.srpo_teacher_kind!r}: use one of {SRPO_TEACHER_KINDS}.")
 
 
 def plan_memory(
@@ -646,6 +768,11 @@ def plan_memory(
     gpu_memory_gib: float = 40.0,
     suggest: bool = True,
     teacher_model=None,
+    value_model=None,
+    explorer_model=None,
+    logit_avg: bool = False,
+    srpo_distill_topk: int | None = None,
+    srpo_teacher_kind: str = "ema",
     **constants: Any,
 ) -> MemoryPlan:
     """Plan the peak GPU memory of one single-GPU GRPO run.
@@ -676,6 +803,12 @@ def plan_memory(
         gpu_memory_gib: the card's size (40 for an A100-40GB); torch sees `usable_fraction` (0.989) of it.
         suggest: compute the settings that would make it fit (each by re-running the planner).
         teacher_model: dGRPO's teacher (`opd_teacher_model`), resolved like `model`; `None` without one.
+        value_model: SPPO's value model (`sppo_value_model`), resolved like `model`; `None` without SPPO.
+        explorer_model: S2L-PO's explorer (`s2l_po_explorer_model`), resolved like `model`; `None` without one.
+        logit_avg: logit-averaged reference anchoring (`rollout_filter="logit_avg"`): a frozen copy of the policy
+            under full fine-tuning.
+        srpo_distill_topk, srpo_teacher_kind: SRPO (`loss_type="srpo"`): k of the stored teacher targets (`None`
+            without SRPO) and the self-teacher's kind ("ema", "live", "base").
         **constants: calibration constants of `PlanInputs` (logits_copies, fragmentation, cuda_context_gib,
             vllm_profile_gib, vllm_cuda_graph_gib, vllm_nontorch_gib, vllm_sleep_residual_gib,
             kv_cache_dtype_bytes, usable_fraction, margin).
@@ -707,7 +840,10 @@ def plan_memory(
         vllm_max_model_length=vllm_max_model_length,
         vllm_importance_sampling_correction=vllm_importance_sampling_correction,
         vllm_enforce_eager=vllm_enforce_eager, gpu_memory_gib=gpu_memory_gib,
-        teacher=None if teacher_model is None else resolve_architecture(teacher_model), **constants,
+        teacher=None if teacher_model is None else resolve_architecture(teacher_model),
+        value_model=None if value_model is None else resolve_architecture(value_model),
+        explorer=None if explorer_model is None else resolve_architecture(explorer_model), logit_avg=logit_avg,
+        srpo_distill_topk=srpo_distill_topk, srpo_teacher_kind=srpo_teacher_kind, **constants,
     )
     return plan_inputs(inputs, suggest=suggest)
 
@@ -728,7 +864,10 @@ def plan_from_config(grpo_config, model_args=None, *, model=None, prompt_length:
     `model` overrides `model_args.model_name_or_path` (e.g. a local folder). TRL 1.16 has no `max_prompt_length`:
     the prompt length is `prompt_length`, else `vllm_max_model_length - max_completion_length` when that is set,
     else 512 (said so in the plan's notes). `logps_chunk_size` (chunked log-probs), `prefix_grouper` and
-    `generation_micro_group_size` are read when the config has them.
+    `generation_micro_group_size` are read when the config has them, and so are the extra models and buffers of
+    SPPO (`advantage_estimator="sppo"`: `sppo_value_model`), S2L-PO (`rollout_filter="s2l_po"` with
+    `s2l_po_anneal_steps > 0`: `s2l_po_explorer_model`), logit averaging (`rollout_filter="logit_avg"`) and SRPO
+    (`loss_type="srpo"`: `srpo_distill_topk`, `srpo_teacher_kind`).
     """
     c, m = grpo_config, model_args
     model = model or (m.model_name_or_path if m is not None else None)
@@ -745,6 +884,7 @@ def plan_from_config(grpo_config, model_args=None, *, model=None, prompt_length:
     if m is not None and m.dtype not in (None, "auto"):
         dtype = m.dtype
     init_kwargs = getattr(c, "model_init_kwargs", None) or {}
+    rollout_filter = getattr(c, "rollout_filter", None)
     if init_kwargs.get("dtype") not in (None, "auto"):
         dtype = str(init_kwargs["dtype"]).replace("torch.", "")
     plan = plan_memory(
@@ -784,6 +924,13 @@ def plan_from_config(grpo_config, model_args=None, *, model=None, prompt_length:
         # frozen DPO model (trl_groupx/token_weights/rto.py) is loaded and run the same way
         teacher_model=(getattr(c, "opd_teacher_model", None) if getattr(c, "opd_coef", 0) else None)
         or (getattr(c, "rto_dpo_model", None) if getattr(c, "token_weighting", None) == "rto" else None),
+        # the models the trainer builds for these variants, under the conditions it builds them on
+        value_model=getattr(c, "sppo_value_model", None) if getattr(c, "advantage_estimator", None) == "sppo" else None,
+        explorer_model=getattr(c, "s2l_po_explorer_model", None)
+        if rollout_filter == "s2l_po" and getattr(c, "s2l_po_anneal_steps", 0) else None,
+        logit_avg=rollout_filter == "logit_avg",
+        srpo_distill_topk=getattr(c, "srpo_distill_topk", None) if c.loss_type == "srpo" else None,
+        srpo_teacher_kind=getattr(c, "srpo_teacher_kind", "ema") if c.loss_type == "srpo" else "ema",
         **constants,
     )
     plan.notes[:0] = notes
