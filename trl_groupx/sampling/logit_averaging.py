@@ -14,7 +14,6 @@ in `trl_groupx/sampling/logit_avg.py`).
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import inspect
 from collections.abc import Callable, Iterator
@@ -25,6 +24,7 @@ from accelerate.utils import is_peft_model
 from transformers import LogitsProcessor, LogitsProcessorList
 from trl.trainer.utils import use_adapter
 
+from .._frozen_copy import frozen_policy_copy
 from .logit_avg import ALPHA, VARIANT_ID, mixed_logits, mixed_token_logps
 
 ReferenceForward = Callable[..., Any]
@@ -40,11 +40,8 @@ def prepare_reference(trainer: Any) -> None:
     trainer._logit_avg_reference = None
     if is_peft_model(trainer.accelerator.unwrap_model(trainer.model)):
         return
-    reference = copy.deepcopy(trainer.accelerator.unwrap_model(trainer.model))
-    # TRL's fused-head forward is an instance attribute whose closure calls the policy's original forward: a copy
-    # would still run the policy. The reference uses its class's own forward (only plain logits are read from it).
-    vars(reference).pop("forward", None)
-    reference.requires_grad_(False)
+    # the class's own forward, without TRL's fused head: only plain logits are read from the reference
+    reference = frozen_policy_copy(trainer.accelerator.unwrap_model(trainer.model))
     reference.eval()
     if trainer.is_deepspeed_enabled:
         from trl.models import prepare_deepspeed

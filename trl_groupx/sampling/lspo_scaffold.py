@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from accelerate.utils import gather_object, is_peft_model
 
+from .._frozen_copy import frozen_policy_copy
 from ._scoring import score_aside
 from .baseline_rollouts import generating_with_model
 from .dapo_dynamic_sampling import weighted_rewards
@@ -76,10 +77,8 @@ def scaffold(trainer: Any) -> Iterator[torch.nn.Module]:
     from peft import LoraConfig, get_peft_model
     from trl.trainer.utils import add_fused_lm_head
 
-    frozen = copy.deepcopy(model).requires_grad_(False)
-    # TRL's fused-head forward is an instance attribute whose closure calls the policy's own forward: the copy would
-    # run (and backpropagate into) the policy. The copy gets its class's forward back and a fused head of its own.
-    vars(frozen).pop("forward", None)
+    frozen = frozen_policy_copy(model)
+    # a fused head of the copy's own: the scaffold's log-probs are computed through it, as the policy's are
     add_fused_lm_head(frozen, temperature=trainer.temperature, cast_lm_head_to_fp32=trainer.args.cast_lm_head_to_fp32,
                       outputs=("log_probs", "entropy"))
     config = LoraConfig(r=trainer.args.lspo_lora_r, lora_alpha=trainer.args.lspo_lora_alpha,
