@@ -3,7 +3,6 @@ group 1 (global rows 4-7) spans both processes. Group 0 is mixed; groups 1 and 2
 (global 7 and 11) both belong to rank 1, and rank 0 joins the re-scoring call with filler rows only. Writes one JSON
 line per rank to the folder given as argv[1]."""
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -12,45 +11,31 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch
-from accelerate.utils import gather_object
 
-import trl_groupx
-from tests.conftest import build_trainer
-from tests.integration.torchrun import finish
-from trl_groupx.toy import arithmetic_dataset
-
-G, B = 4, 6
-RANK = int(os.environ.get("RANK", "0"))
-_BASE = arithmetic_dataset(64, seed=0)
-DATASET = _BASE.add_column("solution", list(_BASE["answer"]))
-CALLS: list[list[str]] = []
-
-
-def _text(c):
-    return c[-1]["content"] if isinstance(c, list) else c
+from tests.integration.rescoring_mp_setup import (
+    RANK,
+    first_batch,
+    group_normalised_local,
+    num_items_ok,
+    params_agree_after_training,
+    rescoring_trainer,
+    scripted_reward,
+    solution_dataset,
+)
+from tests.integration.torchrun import run_worker
 
 
-def pattern_then_exact(completions, solution, **kwargs):
-    """Generation calls (odd): global row 0 scores 1, every other row 0. Re-scoring calls: exact match."""
-    CALLS.append([_text(c) for c in completions])
-    if len(CALLS) % 2 == 1:
-        return [float(RANK == 0 and i == 0) for i in range(len(completions))]
-    return [float(_text(c) == s) for c, s in zip(completions, solution)]
+def _exact_solution(texts, solution, **kwargs):
+    """Re-scoring calls: exact match with the dataset's `solution`."""
+    return [float(t == s) for t, s in zip(texts, solution)]
 
 
-def main() -> None:
-    out_dir = Path(sys.argv[1])
-    trainer = build_trainer(trl_groupx.GRPOTrainer, trl_groupx.GRPOConfig, out_dir / "run", dataset=DATASET,
-                            reward_funcs=pattern_then_exact, rollout_filter="gcpo_ref", shuffle_dataset=False,
-                            per_device_train_batch_size=B, max_completion_length=8, max_steps=1)
-    trainer.model.train()
-    torch.manual_seed(0)
-    batch = next(iter(trainer.get_train_dataloader()))
+def check(out_dir: Path) -> dict:
+    reward = scripted_reward(_exact_solution, name="pattern_then_exact")
+    trainer = rescoring_trainer(out_dir, solution_dataset(), reward, rollout_filter="gcpo_ref")
+    batch = first_batch(trainer)
     output = trainer._generate_and_score_completions(batch)
     rewards = trainer._rewards_per_func[:, 0]
-    expected_adv = rewards.view(-1, G)
-    expected_adv = ((expected_adv - expected_adv.mean(1, keepdim=True))
-                    / (expected_adv.std(1, keepdim=True) + 1e-4)).flatten()[RANK * B : (RANK + 1) * B]
     tok = trainer.processing_class
     injected_local = [1, 5] if RANK == 1 else []
     refs_ok = all(
@@ -60,22 +45,17 @@ def main() -> None:
     )
     result = {
         "rank": RANK,
-        "rescore_sizes": [len(c) for c in CALLS[1::2]],
+        "rescore_sizes": [len(c) for c in reward.calls[1::2]],
         "global_rewards": rewards.tolist(),
         "injected_groups": list(trainer._metrics["train"]["groupx/reference_injected_groups"]),
         "refs_ok": refs_ok,
-        "advantages_match": bool(torch.allclose(output["advantages"], expected_adv)),
-        "num_items_ok": bool(output["num_items_in_batch"]
-                             == trainer.accelerator.gather(output["completion_mask"].sum()).sum()),
+        "advantages_match": bool(torch.allclose(output["advantages"], group_normalised_local(rewards))),
+        "num_items_ok": num_items_ok(trainer, output),
     }
-    CALLS.clear()
-    trainer.train()  # one real step with the injection on both ranks
-    checksum = sum(p.detach().double().sum().item() for p in trainer.model.parameters())
-    sums = gather_object([checksum])
-    result["params_agree"] = all(s == sums[0] for s in sums)
-    (out_dir / f"rank{RANK}.json").write_text(json.dumps(result))
+    reward.calls.clear()
+    result["params_agree"] = params_agree_after_training(trainer)  # one real step with the injection on both ranks
+    return result
 
 
 if __name__ == "__main__":
-    main()
-    finish()
+    run_worker(check)

@@ -7,6 +7,7 @@ import torch
 
 import trl_groupx
 from tests.conftest import build_trainer, grads_differ, one_step
+from tests.integration.scripted_rewards import FirstCallPattern
 from trl_groupx.sampling.edge_grpo_gec import (
     ANSWER,
     REFLECT,
@@ -28,25 +29,16 @@ BRANCHES = assign_branches(branch_uniforms(8, 0, 0), 0.25, 0.25).tolist()
 assert BRANCHES == [SOLUTION, REFLECT, ANSWER, ANSWER, SOLUTION, REFLECT, SOLUTION, REFLECT]
 
 
-def _text(completion):
-    return completion[-1]["content"] if isinstance(completion, list) else completion
+def _solution_or_templated_answer(texts, answer, solution, **_):
+    """Re-scoring of corrected rows: 1 for the exact solution, 0.5 for a response ending with the templated answer,
+    else 0."""
+    return [1.0 if t == s else 0.5 if t.endswith(answer_suffix(a, TEMPLATE)) else 0.0
+            for t, a, s in zip(texts, answer, solution)]
 
 
-class FirstCallPattern:
-    """Generation call: row 0 = 1 (correct), every other row 0. Later calls (the re-scoring of corrected rows):
-    1 for the exact solution, 0.5 for a response ending with the templated answer, else 0."""
-
-    __name__ = "first_call_pattern"
-
-    def __init__(self):
-        self.calls = []
-
-    def __call__(self, completions, answer, solution, **kwargs):
-        self.calls.append([_text(c) for c in completions])
-        if len(self.calls) % 2 == 1:
-            return [float(i == 0) for i in range(len(completions))]
-        return [1.0 if _text(c) == s else 0.5 if _text(c).endswith(answer_suffix(a, TEMPLATE)) else 0.0
-                for c, a, s in zip(completions, answer, solution)]
+def _reward() -> FirstCallPattern:
+    """Generation call: row 0 = 1 (correct), every other row 0. Later calls: `_solution_or_templated_answer`."""
+    return FirstCallPattern(_solution_or_templated_answer)
 
 
 def _trainer(tmp_path, peft=False, gec=True, reward=None, dataset=DATASET, **flags):
@@ -56,7 +48,7 @@ def _trainer(tmp_path, peft=False, gec=True, reward=None, dataset=DATASET, **fla
         flags.setdefault("edge_grpo_gec_answer_template", TEMPLATE)
         flags.setdefault("edge_grpo_gec_reflect_cue", CUE)
     return build_trainer(trl_groupx.GRPOTrainer, trl_groupx.GRPOConfig, tmp_path, peft=peft, dataset=dataset,
-                         reward_funcs=reward or FirstCallPattern(), **flags)
+                         reward_funcs=reward or _reward(), **flags)
 
 
 class GenerateSpy:
@@ -91,10 +83,10 @@ def _real(output, row):
 
 @pytest.mark.parametrize("peft", [False, True], ids=["full", "lora"])
 def test_corrected_responses_are_in_the_batch_and_rescored(tmp_path, peft):
-    reward = FirstCallPattern()
+    reward = _reward()
     trainer = _trainer(tmp_path, peft, reward=reward)
     spy = GenerateSpy(trainer)
-    plain = _trainer(tmp_path, peft, gec=False, reward=FirstCallPattern())
+    plain = _trainer(tmp_path, peft, gec=False, reward=_reward())
     batch, output = _generate(trainer)
     _, plain_output = _generate(plain)
     tok = trainer.processing_class
@@ -171,7 +163,7 @@ def test_corrected_row_log_probs_are_recomputed(tmp_path):
 
 def test_plain_text_prompts(tmp_path):
     dataset = DATASET.map(lambda x: {"prompt": x["prompt"][0]["content"]})
-    reward = FirstCallPattern()
+    reward = _reward()
     trainer = _trainer(tmp_path, reward=reward, dataset=dataset, edge_grpo_gec_answer_share=1.0,
                        edge_grpo_gec_solution_share=0.0)
     batch, output = _generate(trainer)
@@ -217,4 +209,4 @@ def test_rollout_func_is_refused(tmp_path):
 
     with pytest.raises(ValueError, match="edge_grpo_gec=True.*rollout_func"):
         build_trainer(trl_groupx.GRPOTrainer, trl_groupx.GRPOConfig, tmp_path, dataset=DATASET,
-                      reward_funcs=FirstCallPattern(), rollout_func=rollout_func, edge_grpo_gec=True)
+                      reward_funcs=_reward(), rollout_func=rollout_func, edge_grpo_gec=True)

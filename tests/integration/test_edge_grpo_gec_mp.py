@@ -13,7 +13,7 @@ WORKER = Path(__file__).with_name("edge_grpo_gec_mp_worker.py")
 @needs_torchrun
 def test_two_processes_correct_in_lockstep(tmp_path):
     launch(WORKER, tmp_path, timeout=300)
-    results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    results = [json.loads((tmp_path / f"rank{rank}.jsonl").read_text()) for rank in (0, 1)]
     for r in results:
         assert r["generate_sizes"] == [6, 2], r  # the rollouts, then two reflect continuations on each rank
         assert r["rescore_sizes"] == [6], r  # rank 1 corrects 6 rows, rank 0 5 rows + 1 filler

@@ -6,6 +6,7 @@ import torch
 
 import trl_groupx
 from tests.conftest import build_trainer, grads_differ, one_step
+from tests.integration.scripted_rewards import FirstCallPattern
 from trl_groupx.toy import arithmetic_dataset
 
 G = 4  # conftest: num_generations 4, per_device_train_batch_size 8 -> 2 groups per generation call
@@ -13,25 +14,11 @@ _BASE = arithmetic_dataset(64, seed=0)
 DATASET = _BASE.add_column("solution", list(_BASE["answer"]))  # the reference solution: the answer's text
 
 
-def _text(completion):
-    return completion[-1]["content"] if isinstance(completion, list) else completion
-
-
-class FirstCallPattern:
+def _reward(mismatch: str = "") -> FirstCallPattern:
     """Generation call: group 0 = [1, 0, 0, 0] (mixed), every other group all 0 (all fail). Later calls (the
     re-scoring of injected references): exact match with the dataset's `solution` (`mismatch` adds a suffix, so
     the reference scores as a failure)."""
-
-    __name__ = "first_call_pattern"
-
-    def __init__(self, mismatch: str = ""):
-        self.calls, self.mismatch = [], mismatch
-
-    def __call__(self, completions, solution, **kwargs):
-        self.calls.append([_text(c) for c in completions])
-        if len(self.calls) % 2 == 1:  # odd calls are generation calls (each step: generate, then re-score)
-            return [float(i == 0) for i in range(len(completions))]
-        return [float(_text(c) == s + self.mismatch) for c, s in zip(completions, solution)]
+    return FirstCallPattern(lambda texts, solution, **_: [float(t == s + mismatch) for t, s in zip(texts, solution)])
 
 
 def _trainer(tmp_path, peft=False, gcpo=True, reward=None, **flags):
@@ -39,7 +26,7 @@ def _trainer(tmp_path, peft=False, gcpo=True, reward=None, **flags):
     if gcpo:
         flags.setdefault("rollout_filter", "gcpo_ref")
     return build_trainer(trl_groupx.GRPOTrainer, trl_groupx.GRPOConfig, tmp_path, peft=peft, dataset=DATASET,
-                         reward_funcs=reward or FirstCallPattern(), **flags)
+                         reward_funcs=reward or _reward(), **flags)
 
 
 def _generate(trainer):
@@ -57,9 +44,9 @@ def _group_formula(r):
 
 @pytest.mark.parametrize("peft", [False, True], ids=["full", "lora"])
 def test_reference_replaces_the_last_rollout_of_the_all_fail_group(tmp_path, peft):
-    reward = FirstCallPattern()
+    reward = _reward()
     trainer = _trainer(tmp_path, peft, reward=reward)
-    plain = _trainer(tmp_path, peft, gcpo=False, reward=FirstCallPattern())
+    plain = _trainer(tmp_path, peft, gcpo=False, reward=_reward())
     batch, output = _generate(trainer)
     _, plain_output = _generate(plain)
     tok = trainer.processing_class
@@ -114,7 +101,7 @@ def test_injected_row_log_probs_are_recomputed(tmp_path):
 
 
 def test_reference_scored_as_failure_is_kept_and_counted(tmp_path):
-    trainer = _trainer(tmp_path, reward=FirstCallPattern(mismatch="!"))
+    trainer = _trainer(tmp_path, reward=_reward(mismatch="!"))
     _, output = _generate(trainer)
     assert trainer._rewards_per_func[:, 0].tolist() == [1.0, 0, 0, 0, 0, 0, 0, 0]
     assert trainer._metrics["train"]["groupx/reference_failed"] == [1.0]
@@ -133,7 +120,7 @@ def test_composes_with_rloo(tmp_path):
 
 def test_template_wraps_the_reference(tmp_path):
     # the reward matches "=<answer>." exactly: the template turns the bare answer into that completion
-    trainer = _trainer(tmp_path, reward=FirstCallPattern(), gcpo_ref_template="={ref}.")
+    trainer = _trainer(tmp_path, reward=_reward(), gcpo_ref_template="={ref}.")
     batch, output = _generate(trainer)
     tok = trainer.processing_class
     expected = tok("=" + batch[7]["solution"] + ".", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
@@ -154,7 +141,7 @@ def test_evaluation_never_injects(tmp_path):
 def test_row_without_a_reference_fails_clearly(tmp_path):
     dataset = _BASE.add_column("solution", [""] * len(_BASE))
     trainer = build_trainer(trl_groupx.GRPOTrainer, trl_groupx.GRPOConfig, tmp_path, dataset=dataset,
-                            reward_funcs=FirstCallPattern(), rollout_filter="gcpo_ref", shuffle_dataset=False)
+                            reward_funcs=_reward(), rollout_filter="gcpo_ref", shuffle_dataset=False)
     with pytest.raises(ValueError, match="no reference solution in gcpo_ref_column='solution'"):
         _generate(trainer)
 
@@ -170,7 +157,7 @@ def test_rollout_func_is_refused(tmp_path):
 
     with pytest.raises(ValueError, match="gcpo_ref.*rollout_func"):
         build_trainer(trl_groupx.GRPOTrainer, trl_groupx.GRPOConfig, tmp_path, dataset=DATASET,
-                      reward_funcs=FirstCallPattern(), rollout_func=rollout_func, rollout_filter="gcpo_ref")
+                      reward_funcs=_reward(), rollout_func=rollout_func, rollout_filter="gcpo_ref")
 
 
 def test_paper_flags_train(tmp_path):

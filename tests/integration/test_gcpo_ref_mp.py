@@ -12,7 +12,7 @@ WORKER = Path(__file__).with_name("gcpo_ref_mp_worker.py")
 @needs_torchrun
 def test_two_processes_inject_in_lockstep(tmp_path):
     launch(WORKER, tmp_path, timeout=300)
-    results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    results = [json.loads((tmp_path / f"rank{rank}.jsonl").read_text()) for rank in (0, 1)]
     for r in results:
         # both ranks re-score 2 rows (rank 1: its 2 references; rank 0: 2 filler rows), so the gather matches
         assert r["rescore_sizes"] == [2], r

@@ -9,6 +9,7 @@ import torch
 
 import trl_groupx
 from tests.conftest import build_trainer, grads_differ, one_step
+from tests.integration.scripted_rewards import FirstCallPattern
 from trl_groupx.sampling import lspo_scaffold
 from trl_groupx.sampling.lspo import SCAFFOLD_ADAPTER
 from trl_groupx.toy import arithmetic_dataset
@@ -18,20 +19,10 @@ _BASE = arithmetic_dataset(64, seed=0)
 DATASET = _BASE.add_column("solution", list(_BASE["answer"]))
 
 
-class Scripted:
+def _scripted(reroll=(1.0, 1.0, 1.0, 1.0)) -> FirstCallPattern:
     """Odd calls (the batch's generation): group 0 = [1, 0, 0, 0] (mixed), every other group all 0 (cliffs). Even
     calls (the scaffold re-rolls of the cliff slots): `reroll` per row."""
-
-    __name__ = "scripted"
-
-    def __init__(self, reroll=(1.0, 1.0, 1.0, 1.0)):
-        self.calls, self.reroll = [], reroll
-
-    def __call__(self, completions, **kwargs):
-        self.calls.append(len(completions))
-        if len(self.calls) % 2 == 1:
-            return [float(i == 0) for i in range(len(completions))]
-        return [self.reroll[i % len(self.reroll)] for i in range(len(completions))]
+    return FirstCallPattern(lambda texts, **_: [reroll[i % len(reroll)] for i in range(len(texts))], name="scripted")
 
 
 def _trainer(tmp_path, peft=False, lspo=True, reward=None, **flags):
@@ -40,7 +31,7 @@ def _trainer(tmp_path, peft=False, lspo=True, reward=None, **flags):
         flags.setdefault("rollout_filter", "lspo")
         flags.setdefault("lspo_sft_learning_rate", 1e-3)
     return build_trainer(trl_groupx.GRPOTrainer, trl_groupx.GRPOConfig, tmp_path, peft=peft, dataset=DATASET,
-                         reward_funcs=reward or Scripted(), **flags)
+                         reward_funcs=reward or _scripted(), **flags)
 
 
 def _generate(trainer):
@@ -124,7 +115,7 @@ def test_mixed_groups_only_do_not_trigger_the_scaffold(tmp_path, monkeypatch):
 
 
 def test_failed_rerolls_are_not_spliced(tmp_path):
-    trainer = _trainer(tmp_path, reward=Scripted(reroll=(0.0, 0.0, 0.0, 0.0)))
+    trainer = _trainer(tmp_path, reward=_scripted(reroll=(0.0, 0.0, 0.0, 0.0)))
     _, output = _generate(trainer)
     assert trainer._rewards_per_func[:, 0].tolist() == [1.0, 0, 0, 0, 0, 0, 0, 0]
     assert output["advantages"][4:].abs().max() < 1e-6
@@ -133,7 +124,7 @@ def test_failed_rerolls_are_not_spliced(tmp_path):
 
 def test_truncation_cap_above_one_keeps_the_scaffold_log_probs(tmp_path, monkeypatch):
     logps = Spy(monkeypatch, "_scaffold_logps")
-    trainer = _trainer(tmp_path, lspo_is_cap=1e6, reward=Scripted(reroll=(1.0, 0.0, 0.0, 0.0)))
+    trainer = _trainer(tmp_path, lspo_is_cap=1e6, reward=_scripted(reroll=(1.0, 0.0, 0.0, 0.0)))
     _, output = _generate(trainer)
     n = int(output["completion_mask"][4].sum())
     # log C = 13.8: current - log C is below every scaffold log-prob of the tiny model here, so b = log pi_s
@@ -166,7 +157,7 @@ def test_construction_errors(tmp_path):
 def test_empty_solution_raises(tmp_path):
     dataset = _BASE.add_column("solution", [""] * len(_BASE))
     trainer = build_trainer(trl_groupx.GRPOTrainer, trl_groupx.GRPOConfig, tmp_path, dataset=dataset,
-                            reward_funcs=Scripted(), shuffle_dataset=False, rollout_filter="lspo")
+                            reward_funcs=_scripted(), shuffle_dataset=False, rollout_filter="lspo")
     with pytest.raises(ValueError, match="no ground-truth solution"):
         _generate(trainer)
 
@@ -175,7 +166,7 @@ def test_kept_old_and_reference_log_probs_and_saved_adapter(tmp_path, monkeypatc
     # steps_per_generation 2 with gradient_accumulation_steps 1: TRL keeps old log-probs; beta > 0: reference ones.
     # Generation batch 16 -> 4 groups: group 0 mixed, groups 1-3 cliffs; re-rolls [1, 0, 0, 0] -> rows 4, 8, 12.
     logps = Spy(monkeypatch, "_scaffold_logps")
-    trainer = _trainer(tmp_path, True, steps_per_generation=2, beta=0.04, reward=Scripted(reroll=(1.0, 0.0, 0.0, 0.0)))
+    trainer = _trainer(tmp_path, True, steps_per_generation=2, beta=0.04, reward=_scripted(reroll=(1.0, 0.0, 0.0, 0.0)))
     _, output = _generate(trainer)
     rows = [4, 8, 12]
     assert trainer._rewards_per_func[:, 0].tolist() == [1.0, 0, 0, 0] + [1.0, 0, 0, 0] * 3

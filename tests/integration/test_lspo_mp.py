@@ -12,7 +12,7 @@ WORKER = Path(__file__).with_name("lspo_mp_worker.py")
 @needs_torchrun
 def test_two_processes_scaffold_in_lockstep(tmp_path):
     launch(WORKER, tmp_path, timeout=300)
-    results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    results = [json.loads((tmp_path / f"rank{rank}.jsonl").read_text()) for rank in (0, 1)]
     for r in results:
         # both ranks score 6 re-rolls (rank 0: its 2 cliff slots + 4 fillers; rank 1: its 6 cliff slots)
         assert r["reroll_scoring_sizes"] == [6], r
