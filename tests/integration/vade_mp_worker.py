@@ -4,7 +4,6 @@ and checks that (a) both ranks selected the same prompts in the same order, (b) 
 slice of that selection, (c) both ranks hold the same posteriors, equal to a replay of the global rewards.
 Writes one JSON line per rank to the folder given as argv[1]."""
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -13,64 +12,27 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch
-from accelerate.utils import gather_object
 
-import trl_groupx
-from tests.conftest import build_trainer, parity_reward
-from tests.integration.torchrun import finish
+from tests.integration.prompt_selection_mp_setup import DATASET, G, lockstep_checks, train_with_selection_spy
+from tests.integration.torchrun import run_worker
 from trl_groupx.sampling import vade as vade_module
-from trl_groupx.toy import arithmetic_dataset
-
-G = 4
+from trl_groupx.sampling.vade import vade_posterior_update
 
 
-def main() -> None:
-    out_dir = Path(sys.argv[1])
-    data = arithmetic_dataset(8, seed=0)
-    texts = [row["prompt"][-1]["content"] for row in data]
-    local_prompts = []
-
-    def reward(prompts, completions, **kwargs):
-        local_prompts.append([p[-1]["content"] for p in prompts])
-        return parity_reward(completions)
-
-    reward.__name__ = "parity_reward"
-    selections, global_rewards = [], []
-    trainer = build_trainer(trl_groupx.GRPOTrainer, trl_groupx.GRPOConfig, out_dir / "vade",
-                            per_device_train_batch_size=4, num_generations=G, rollout_filter="vade", dataset=data,
-                            max_steps=2, reward_funcs=[reward])
-    real_update = vade_module.vade_posterior_update
-
-    def spy(alpha, beta, prompts, successes, trials, slow, fast):
-        selections.append(prompts.tolist())
-        global_rewards.append(trainer._rewards_per_func[:, 0].tolist())
-        return real_update(alpha, beta, prompts, successes, trials, slow, fast)
-
-    vade_module.vade_posterior_update = spy
-    trainer.train()
-    rank = trainer.accelerator.process_index
-    mine = all(local == [texts[sel[rank]]] * G for local, sel in zip(local_prompts, selections))
+def check(out_dir: Path) -> dict:
+    run = train_with_selection_spy(out_dir, "vade", vade_module, "vade_posterior_update")
+    state = run.trainer.variant_state["vade"]
+    result = lockstep_checks(run, [state["alpha"].tolist(), state["beta"].tolist(), state["draws"]])
     # replay on the global rewards: prior, then the two batches with the default decays
-    alpha = torch.ones(len(data), dtype=torch.float64)
-    beta = torch.ones(len(data), dtype=torch.float64)
-    for sel, rewards in zip(selections, global_rewards):
+    alpha = torch.ones(len(DATASET), dtype=torch.float64)
+    beta = torch.ones(len(DATASET), dtype=torch.float64)
+    for sel, rewards in zip(run.selections, run.global_rewards):
         r = torch.tensor(rewards).view(-1, G)
-        alpha, beta = real_update(alpha, beta, torch.tensor(sel), (r >= 1.0).sum(1), torch.full((len(sel),), G),
-                                  0.99, 0.8)
-    state = trainer.variant_state["vade"]
-    all_selections = gather_object([selections])
-    all_states = gather_object([[state["alpha"].tolist(), state["beta"].tolist(), state["draws"]]])
-    result = {
-        "rank": rank,
-        "selections": selections,
-        "ranks_agree_on_selection": all(s == all_selections[0] for s in all_selections) and len(selections) == 2,
-        "local_rows_are_my_slice": mine and len(local_prompts) == 2,
-        "ranks_agree_on_state": all(s == all_states[0] for s in all_states),
-        "matches_replay": bool(torch.equal(state["alpha"], alpha) and torch.equal(state["beta"], beta)),
-    }
-    (out_dir / f"rank{os.environ.get('RANK', '0')}.jsonl").write_text(json.dumps(result))
+        alpha, beta = vade_posterior_update(alpha, beta, torch.tensor(sel), (r >= 1.0).sum(1),
+                                            torch.full((len(sel),), G), 0.99, 0.8)
+    result["matches_replay"] = bool(torch.equal(state["alpha"], alpha) and torch.equal(state["beta"], beta))
+    return result
 
 
 if __name__ == "__main__":
-    main()
-    finish()
+    run_worker(check)
