@@ -186,7 +186,11 @@ SAMPLING_WORK = {
     "s2l_po": "the explorer generates the batches of the official schedule's explorer steps (here the tiny model "
               "itself, so the cost is the model swap)",
     "pilot_commit": "pilot rollouts per candidate prompt, generated and scored, before the committed batch",
-    "sgpo": "one profiling pass over the dataset at the first step (S completions per prompt, scored)",
+    "sgpo": "one profiling pass over the dataset at the first step (S completions per prompt, scored); groups of "
+            "ceil(1/p) rollouts, advantages group by group",
+    "soup": "a no-grad log-prob forward and the prefix buffer's upkeep per batch; from a prompt's second visit, its "
+            "mixed rows continued from stored prefixes and re-scored (none here: 15 steps over 64 prompts revisit "
+            "none)",
     "eframe": "for all-fail groups: n extra rollouts at T = 1.2, scored, the |A| > 1 ones appended; a |A| filter; "
               "a replay buffer re-inserted every 5 batches",
     "logit_avg": "a reference forward at every decoding step and in every log-prob forward (mixed logits)",

@@ -190,6 +190,10 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             from .sampling.lspo_scaffold import scaffold_cliff_groups
 
             output = scaffold_cliff_groups(self, inputs, output)
+        if getattr(self.variants.get("sampling"), "id", None) == "soup" and self.model.training:  # SOUP: stored
+            from .sampling.soup_glue import mix_prefix_rollouts  # prefixes continued on-policy
+
+            output = mix_prefix_rollouts(self, inputs, output)
         if getattr(self.args, "edge_grpo_gec", False) and self.model.training:  # EDGE-GRPO GEC: correct wrong responses
             from .sampling.edge_grpo_gec import apply_gec
 

@@ -40,6 +40,10 @@ def check_variant_components(trainer: Any, variants: dict[str, Variant]) -> None
         from .sampling.reference_injection import check_reference_injection
 
         check_reference_injection(trainer)
+    if getattr(variants.get("sampling"), "id", None) == "soup":  # single-turn generation
+        from .sampling.soup_glue import check_soup
+
+        check_soup(trainer)
     if getattr(variants.get("sampling"), "id", None) == "lspo":  # solution column, single-turn generation
         from .sampling.lspo_scaffold import check_lspo
 

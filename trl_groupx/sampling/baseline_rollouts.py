@@ -105,6 +105,34 @@ def max_new_tokens(trainer: Any, budget: int) -> Iterator[None]:
         trainer.generation_config = saved
 
 
+def continue_prefixes(trainer: Any, output: dict[str, Any], rows: list[int], prefixes: list[list[int]],
+                      budget: int) -> list[list[int]]:
+    """The policy's continuation (at most `budget` new tokens, the run's base sampling settings) of `prompt + prefix`
+    for each of this process's local `rows` of `output`: EDGE-GRPO's reflect branch, SOUP's mixed rollouts. Every
+    process makes one generation call of the same size (filler: its row 0 continuing its own completion), because
+    generation may gather parameters across processes; `budget` must be the same on every process."""
+    acc = trainer.accelerator
+    count = len(rows)
+    padded_to = int(acc.gather(torch.tensor([count], device=acc.device)).max()) if acc.num_processes > 1 else count
+    if padded_to == 0:
+        return []
+    if not rows:  # filler only: row 0 with its own response as the prefix
+        rows, prefixes = [0], [output["completion_ids"][0][output["completion_mask"][0].bool()].tolist()]
+    fill_rows = rows + [rows[0]] * (padded_to - len(rows))
+    fill_prefixes = prefixes + [prefixes[0]] * (padded_to - len(prefixes))
+    prompt_ids = [output["prompt_ids"][r][output["prompt_mask"][r].bool()].tolist() + list(prefix)
+                  for r, prefix in zip(fill_rows, fill_prefixes)]
+    was_training = trainer.model.training
+    trainer._generating_baseline = True  # extra completions at the run's own base sampling settings
+    try:
+        with max_new_tokens(trainer, budget):
+            continuations, _ = trainer._generate_single_turn(prompt_ids, None, {}, 1)
+    finally:
+        trainer._generating_baseline = False
+    trainer.model.train(was_training)
+    return [list(c) for c in continuations[:count]]
+
+
 def baseline_rewards(trainer: Any, inputs: list[dict[str, Any]], requirement: str, group_size: int) -> torch.Tensor:
     """Global `(N,)` baseline rewards for the generation batch whose local rows are `inputs`.
 

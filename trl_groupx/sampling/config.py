@@ -114,6 +114,12 @@ class SamplingArgs:
         only); `"fixed"` gives every prompt `num_generations`.
     sgpo_max_group_size (`int` or `None`, *optional*, defaults to `None`):
         sGPO: largest group (that of the never-solved prompts) under `"inverse_success"`; `None` = `num_generations`.
+    soup_mixed_rollouts (`int`, *optional*, defaults to `1`):
+        SOUP (`rollout_filter="soup"`): rollouts per group (its last slots) that continue, on-policy, the prefix of
+        a rollout sampled for the same prompt at its previous visit; in `[1, num_generations]` (our choice: 1).
+    soup_prefix_fraction (`float`, *optional*, defaults to `0.5`):
+        SOUP: share of a stored rollout's tokens kept as the off-policy prefix, in `[0, 1)` (our choice: 0.5; 0 is
+        plain GRPO). See `trl_groupx/sampling/soup.py`.
     igrpo_num_drafts (`int` or `None`, *optional*, defaults to `None`):
         iGRPO (`rollout_filter="igrpo"`): stage-1 drafts sampled per prompt, the best of which is appended to the
         prompt for the trained stage-2 rollouts; `None` = `num_generations` (our choice; the paper's k is not known
@@ -373,6 +379,12 @@ class SamplingArgs:
     )
     sgpo_max_group_size: int | None = field(
         default=None, metadata={"help": "sGPO: largest group under 'inverse_success' (None = num_generations)."}
+    )
+    soup_mixed_rollouts: int = field(
+        default=1, metadata={"help": "SOUP: rollouts per group that continue a stored off-policy prefix."}
+    )
+    soup_prefix_fraction: float = field(
+        default=0.5, metadata={"help": "SOUP: share of a stored rollout's tokens kept as prefix, in [0, 1)."}
     )
     igrpo_num_drafts: int | None = field(
         default=None, metadata={"help": "iGRPO: stage-1 drafts per prompt (None = num_generations)."}

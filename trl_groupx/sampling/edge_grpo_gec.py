@@ -73,7 +73,7 @@ from typing import Any
 
 import torch
 
-from .baseline_rollouts import max_new_tokens
+from .baseline_rollouts import continue_prefixes
 
 FLAG = "edge_grpo_gec"
 REFLECT, ANSWER, SOLUTION = 0, 1, 2
@@ -185,29 +185,10 @@ def reflect_prefix(completion: list[int], cue_ids: list[int], eos_ids: list[int]
 
 def reflect_continuations(trainer: Any, output: dict[str, Any], rows: list[int], prefixes: list[list[int]]
                           ) -> list[list[int]]:
-    """The policy's continuation of each `prompt + prefix` of this process's `rows`. Every process calls this with
-    the same number of sequences (filler: its row 0), because generation may gather parameters across processes."""
-    acc = trainer.accelerator
-    count = len(rows)
-    padded_to = int(acc.gather(torch.tensor([count], device=acc.device)).max()) if acc.num_processes > 1 else count
-    if padded_to == 0:
-        return []
-    if not rows:  # filler only: row 0 with its own response as the prefix
-        rows, prefixes = [0], [output["completion_ids"][0][output["completion_mask"][0].bool()].tolist()]
-    fill_rows = rows + [rows[0]] * (padded_to - len(rows))
-    fill_prefixes = prefixes + [prefixes[0]] * (padded_to - len(prefixes))
-    prompt_ids = [output["prompt_ids"][r][output["prompt_mask"][r].bool()].tolist() + prefix
-                  for r, prefix in zip(fill_rows, fill_prefixes)]
+    """The policy's continuation of each `prompt + prefix` of this process's `rows`, at most
+    `edge_grpo_gec_reflect_max_new_tokens` new tokens (`baseline_rollouts.continue_prefixes`)."""
     budget = min(trainer.args.edge_grpo_gec_reflect_max_new_tokens, trainer.max_completion_length)
-    was_training = trainer.model.training
-    trainer._generating_baseline = True  # extra completions at the run's own base sampling settings
-    try:
-        with max_new_tokens(trainer, budget):
-            continuations, _ = trainer._generate_single_turn(prompt_ids, None, {}, 1)
-    finally:
-        trainer._generating_baseline = False
-    trainer.model.train(was_training)
-    return [list(c) for c in continuations[:count]]
+    return continue_prefixes(trainer, output, rows, prefixes, budget)
 
 
 # ---- trainer glue (called by GRPOTrainer._generate_and_score_completions) ----------------------------------------
