@@ -130,6 +130,8 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
         self._counterfactual_rewards: torch.Tensor | None = None
         # Per stateful variant: the dict its function updates in place; saved with every checkpoint.
         self.variant_state: dict[str, dict[str, Any]] = {v.id: {} for v in self.variants.values() if v.stateful}
+        if self._self_teacher is not None:  # SRPO: the EMA self-teacher's weights, saved too
+            self._self_teacher.keep_state(self.variant_state)
         if adv_variant is not None and "prompt_kl" in adv_variant.requires:  # one stored response per prompt, saved too
             self.variant_state[f"{adv_variant.id}/prompt_kl"] = {}
         if getattr(self.args, "hapo_adaptive_temperature", False):  # HAPO: last batch's entropy statistics, saved too

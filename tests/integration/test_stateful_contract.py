@@ -17,7 +17,8 @@ from trl_groupx.trainer import VARIANT_STATE_NAME
 
 # Variants whose registry flags make the trainer keep state of its own in `variant_state` (not the variant function):
 # HAPO's adaptive-temperature entropy statistics, computed from one generation batch and used by the next.
-TRAINER_STATE = {"hapo", "sppo"}  # and SPPO's value model: its weights and optimizer state
+TRAINER_STATE = {"hapo", "sppo", "srpo"}  # and SPPO's value model: its weights and optimizer state; SRPO's EMA
+# self-teacher (the full-model copy under these flags; the LoRA adapter case: test_srpo_resume.py)
 STATEFUL = sorted(v.id for v in trl_groupx.list_variants() if v.stateful or v.id in TRAINER_STATE)
 INTEGRATION = Path(__file__).parent
 

@@ -33,8 +33,16 @@ Self-teacher (`srpo_teacher_kind`): `"ema"` (default, SDPO's; rate `srpo_teacher
 optimizer step): under pure LoRA a second adapter kept by TRL's `PEFTAdapterEMACallback` (zero-initialised, as TRL
 does), else a frozen copy of the model updated with TRL's `SyncRefModelCallback.sync_target_model`; `"live"`: the
 current policy under no grad; `"base"`: the initial policy (the model with its LoRA adapter disabled, or a frozen
-copy). The copy is refused under DeepSpeed / FSDP (use LoRA or `"live"`). The EMA state is not saved with
-checkpoints: a resumed run restarts the teacher from the resumed policy.
+copy). The copy is refused under DeepSpeed / FSDP (use LoRA or `"live"`).
+
+Checkpoints: the `"ema"` teacher's weights live in `trainer.variant_state[STATE_KEY]` (the pattern of SPPO's value
+model, `advantages/sppo_value.py`): `{"weights": ...}` points at the live tensors (the LoRA EMA callback's shadow
+weights, or the copy's `state_dict()`), so every checkpoint saves the current teacher, and a resumed run loads the
+saved weights back into the teacher at its first step, before the first generation batch (`SelfTeacher.sync`),
+continuing the EMA where it stopped. Under full fine-tuning each checkpoint thus holds a second copy of the model's
+weights (in `trl_groupx_variant_state.pt`). Choice: the `"base"` teacher is not saved (it is the initial model,
+rebuilt from the same model on resume; saving it would double every checkpoint for nothing); `"live"` has no
+state.
 """
 
 from __future__ import annotations
@@ -47,7 +55,10 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
+from .._frozen_copy import frozen_policy_copy
+
 TEACHER_ADAPTER = "srpo_teacher"
+STATE_KEY = "srpo/self_teacher"  # the EMA teacher's weights in `trainer.variant_state`, saved with checkpoints
 KEYS = ("groupx_srpo_routed", "groupx_srpo_weights", "groupx_srpo_topk_ids", "groupx_srpo_teacher_topk_logps")
 
 
@@ -80,6 +91,17 @@ class _TeacherEMACallback(TrainerCallback):
         SyncRefModelCallback.sync_target_model(model, self.teacher, self.rate)
 
 
+class _RestoreTeacherCallback(TrainerCallback):
+    """Load a resumed checkpoint's teacher at the first step (`SelfTeacher.sync`), before anything else runs on the
+    GPU, so that the loaded copy of the weights is released before the first generation batch."""
+
+    def __init__(self, teacher: SelfTeacher):
+        self.teacher = teacher
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.teacher.sync()
+
+
 class SelfTeacher:
     """The self-teacher of a run: which weights score the re-prompted rollouts, and the EMA that updates them."""
 
@@ -91,9 +113,15 @@ class SelfTeacher:
         self.kind = args.srpo_teacher_kind
         self.copy: torch.nn.Module | None = None
         self.adapter: str | None = None  # PEFT: adapter to activate for the teacher; None = adapters disabled
+        self.ema_adapter: Any = None  # LoRA "ema": TRL's PEFTAdapterEMACallback, whose shadow weights are the teacher
+        self.state: dict[str, Any] | None = None  # `variant_state[STATE_KEY]` once `keep_state` registered it
+        self._published: Any = None
+        self._unwrap = trainer.accelerator.unwrap_model
         self.peft = is_peft_model(trainer.accelerator.unwrap_model(trainer.model))
         if self.kind == "live":
             return
+        if self.kind == "ema":
+            trainer.add_callback(_RestoreTeacherCallback(self))
         if self.peft and (self.kind == "base" or is_pure_lora_training(trainer.model, trainer.accelerator)):
             if self.kind == "ema":
                 callback = PEFTAdapterEMACallback(trainer.model, teacher_adapter_name=TEACHER_ADAPTER,
@@ -102,6 +130,7 @@ class SelfTeacher:
                 callback._initialize_teacher_adapter()  # now, so that the first generation batch has a teacher
                 trainer.add_callback(callback)
                 self.adapter = TEACHER_ADAPTER
+                self.ema_adapter = callback
             return
         if self.peft:
             raise ValueError(
@@ -113,15 +142,61 @@ class SelfTeacher:
                 f"srpo_teacher_kind={self.kind!r} keeps a full copy of the model, which is not supported under "
                 "DeepSpeed or FSDP; train with LoRA (peft_config) or set srpo_teacher_kind='live'."
             )
-        student = trainer.accelerator.unwrap_model(trainer.model)
-        copy = type(student)(student.config)  # a fresh module: the student's forward may be patched (fused head)
-        copy.load_state_dict(student.state_dict())
-        copy.to(device=next(student.parameters()).device, dtype=student.dtype)
-        copy.requires_grad_(False)
+        copy = frozen_policy_copy(trainer.accelerator.unwrap_model(trainer.model))
         copy.eval()
         self.copy = copy
         if self.kind == "ema":
             trainer.add_callback(_TeacherEMACallback(copy, args.srpo_teacher_update_rate))
+
+    # ---- checkpointed state ------------------------------------------------------------------------------------
+
+    def keep_state(self, variant_state: dict[str, dict[str, Any]]) -> None:
+        """Register the `"ema"` teacher's weights in the trainer's `variant_state`, so that checkpoints save them."""
+        if self.kind != "ema":
+            return
+        self.state = variant_state.setdefault(STATE_KEY, {})
+        self.publish()
+
+    def publish(self) -> None:
+        """Point the state at the live teacher tensors: the copy's `state_dict()` (updated in place by the EMA), or
+        the LoRA callback's shadow dict (each update replaces its tensors' `.data`, the same objects)."""
+        if self.state is None:
+            return
+        weights = self.copy.state_dict() if self.copy is not None else self.ema_adapter.shadow_weights
+        self.state["weights"] = weights
+        self._published = weights
+
+    def sync(self) -> None:
+        """Load the saved teacher into the copy or the LoRA teacher adapter when a resumed checkpoint replaced the
+        state (a no-op otherwise); a checkpoint without it leaves the teacher as it is, and the state points at it
+        again, so that the next checkpoint saves it."""
+        if self.state is None or self.state.get("weights") is self._published:
+            return
+        saved = self.state.get("weights")
+        if saved is not None and self.copy is not None:
+            self.copy.load_state_dict(saved)
+        elif saved is not None:
+            self._load_adapter(saved)
+        self.publish()
+
+    def _load_adapter(self, saved: dict[str, torch.Tensor]) -> None:
+        """Saved shadow weights into TRL's EMA callback and the teacher adapter (the callback's own loading steps)."""
+        from peft import set_peft_model_state_dict
+
+        shadow = self.ema_adapter.shadow_weights
+        if saved.keys() != shadow.keys():
+            raise ValueError(
+                f"the checkpoint's SRPO teacher adapter has other weights ({sorted(set(saved) ^ set(shadow))[:4]} ...)"
+                " than this run's LoRA adapter; resume with the same peft_config."
+            )
+        with torch.no_grad():
+            for key, value in saved.items():
+                shadow[key].copy_(value)
+        model = self._unwrap(self.ema_adapter.model)
+        active = model.active_adapter  # activate the teacher adapter, load it, switch back, as TRL's callback does
+        model.set_adapter(TEACHER_ADAPTER)
+        set_peft_model_state_dict(model, shadow, adapter_name=TEACHER_ADAPTER)
+        model.set_adapter(active)
 
     def model_and_context(self, trainer: Any) -> tuple[torch.nn.Module, contextlib.AbstractContextManager]:
         """The module to run for the teacher and the context that routes it to the teacher's weights."""
@@ -178,6 +253,7 @@ def self_teacher_targets(trainer: Any, inputs: list[dict[str, Any]], output: dic
     from .srpo import entropy_weights, teacher_confidence
 
     args, acc = trainer.args, trainer.accelerator
+    trainer._self_teacher.sync()  # a resumed run: the checkpoint's EMA teacher, before its first use
     group_size = trainer.num_generations if trainer.model.training else trainer.num_generations_eval
     completion_ids, completion_mask = output["completion_ids"], output["completion_mask"]
     local_n, length = completion_ids.shape
