@@ -5,7 +5,8 @@ Seams (each wraps the narrowest TRL 1.16 internal; `tests/test_trl_seams.py` fai
 - rewards: `_calculate_rewards` is wrapped to keep the gathered `(N, K)` reward matrix.
 - sampling, advantages, token weights: `_generate_and_score_completions` runs TRL's method unchanged, then
   `apply_rollout_stages` filters rollouts, recomputes the advantages over the global batch and turns them into
-  per-token advantages, and writes this process's slice back into the output.
+  per-token advantages, and writes this process's slice back into the output. A sampling variant that acts around
+  generation (rewrites prompts, regenerates or appends rows) declares where in `sampling/generation_hooks.py`.
 - objective: `_compute_loss` defers to TRL for TRL's `loss_type`s and to `compute_objective_loss` for ours.
 
 With no trl_groupx flag set, none of this runs and training is TRL's, number for number; only the reward functions
@@ -39,7 +40,7 @@ from .registry import Variant, get_variant
 from .reward_checks import check_reward_columns, wrap_reward_funcs
 from .sampling import apply_keep_mask
 from .sampling.baseline_rollouts import BASELINE_REQUIREMENTS, baseline_rewards, check_baseline_rollouts
-from .sampling.prompt_rewrite import prompt_rewriter
+from .sampling.generation_hooks import GenerationHooks
 from .trainer_checks import check_model_for_flags, check_variant_components
 
 VARIANT_STATE_NAME = "trl_groupx_variant_state.pt"
@@ -68,6 +69,7 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
         check_model_for_flags(self)
         active = self.args.active_variants() if isinstance(self.args, GRPOConfig) else {}
         self.variants: dict[str, Variant] = {stage: get_variant(vid) for stage, vid in active.items()}
+        self._generation_hooks = GenerationHooks(self.variants.get("sampling"))
         self._rewrites_rollouts = bool({"sampling", "advantages", "token_weights"} & self.variants.keys()) or getattr(
             self.args, "edge_grpo_gec", False)  # GEC re-scores rows: the advantages are recomputed from its rewards
         check_variant_components(self, self.variants)
@@ -164,39 +166,12 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
     # ---- sampling, advantages, token weights ----------------------------------------------------------------------
 
     def _generate_and_score_completions(self, inputs):
-        if getattr(self.variants.get("sampling"), "id", None) == "n_grpo":  # N-GRPO: a fresh batch of mixing records
-            from .sampling.neighbor_mixing import start_generation_batch
-
-            start_generation_batch(self)
-        rewrite_prompts = prompt_rewriter(self.variants.get("sampling")) if self.model.training else None
-        if rewrite_prompts is not None:  # iGRPO's best draft, RC-GRPO's reward token (sampling/prompt_rewrite.py)
-            inputs = rewrite_prompts(self, inputs)
+        training = self.model.training
+        hooks = self._generation_hooks  # the sampling variant's own points around generation (generation_hooks.py)
+        inputs = hooks.before(self, inputs, training)
         output = super()._generate_and_score_completions(inputs)
-        if getattr(self.variants.get("sampling"), "id", None) == "n_grpo":  # N-GRPO: records ride with the rows
-            from .sampling.neighbor_mixing import attach_mixing_records
-
-            attach_mixing_records(self, output)
-        if "dapo_dynamic_sampling" in self.variant_state and self.model.training:  # DAPO: refill with new prompts
-            from .sampling.dapo_dynamic_sampling import refill_generation_batch
-
-            inputs, output = refill_generation_batch(self, inputs, output, super()._generate_and_score_completions)
-        if getattr(self.variants.get("sampling"), "id", None) == "sage" and self.model.training:  # SAGE re-roll
-            from .sampling.self_hints import reroll_with_hints
-
-            inputs, output = reroll_with_hints(self, inputs, output, super()._generate_and_score_completions)
-        if getattr(self.variants.get("sampling"), "id", None) == "gcpo_ref" and self.model.training:  # GCPO
-            from .sampling.reference_injection import inject_reference_solutions
-
-            output = inject_reference_solutions(self, inputs, output)
-        if getattr(self.variants.get("sampling"), "id", None) == "lspo" and self.model.training:  # LSPO scaffold
-            from .sampling.lspo_scaffold import scaffold_cliff_groups
-
-            output = scaffold_cliff_groups(self, inputs, output)
-        if getattr(self.variants.get("sampling"), "id", None) == "soup" and self.model.training:  # SOUP: stored
-            from .sampling.soup_glue import mix_prefix_rollouts  # prefixes continued on-policy
-
-            output = mix_prefix_rollouts(self, inputs, output)
-        if getattr(self.args, "edge_grpo_gec", False) and self.model.training:  # EDGE-GRPO GEC: correct wrong responses
+        inputs, output = hooks.after_generation(self, inputs, output, super()._generate_and_score_completions, training)
+        if getattr(self.args, "edge_grpo_gec", False) and training:  # EDGE-GRPO GEC: correct wrong responses
             from .sampling.edge_grpo_gec import apply_gec
 
             output = apply_gec(self, inputs, output)
@@ -211,10 +186,7 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
 
                 self._counterfactual_rewards = counterfactual_rewards(self, inputs, self.variants["advantages"].id)
             output = self.apply_rollout_stages(output)
-        if getattr(self.variants.get("sampling"), "id", None) == "rc_grpo":  # a sampled reward token gets no loss
-            from .sampling.reward_tokens import mask_condition_tokens
-
-            mask_condition_tokens(self, output)
+        output = hooks.after_stages(self, inputs, output, training)
         if self._objective_group_ids or self._balanced_scope or self._nll_anchor:
             self._add_objective_rollout_inputs(output)
         if self._teacher is not None:  # the teacher's log-probs of the sampled tokens, shuffled and split with the rows
@@ -229,19 +201,11 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             from .objective.turn_ratio import completion_turn_ids
 
             output["groupx_turn_ids"] = completion_turn_ids(output)
-        if getattr(self.args, "hapo_adaptive_temperature", False) and self.model.training:  # for the next batch
+        if getattr(self.args, "hapo_adaptive_temperature", False) and training:  # for the next batch
             from .sampling.adaptive_temperature import update_entropy_statistics
 
             update_entropy_statistics(self)
-        if getattr(self.variants.get("sampling"), "id", None) == "repo" and self.model.training:  # RePO: replayed
-            from .sampling.replay import append_replay_rows  # rows, appended last (every per-row tensor exists)
-
-            output = append_replay_rows(self, output)
-        if getattr(self.variants.get("sampling"), "id", None) == "eframe" and self.model.training:  # EFRame: filter,
-            from .sampling.eframe_glue import eframe_step  # exploration rows, replay buffer (sampling/eframe.py)
-
-            output = eframe_step(self, inputs, output)
-        return output
+        return hooks.append_rows(self, inputs, output, training)  # last: every per-row tensor exists
 
     def _add_objective_rollout_inputs(self, output: dict[str, Any]) -> None:
         """Per-rollout tensors the objective needs but cannot compute from a shuffled micro-batch: the group id of

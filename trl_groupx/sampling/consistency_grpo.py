@@ -1,7 +1,7 @@
 """GRPO for information consistency: each GRPO group is the rollouts of one dataset row's paraphrased prompts.
 
 The generation change runs in the trainer (`paraphrase_groups.assign_paraphrase_prompts`, called from
-`GRPOTrainer._generate_and_score_completions` before TRL's generation through `prompt_rewrite.prompt_rewriter`):
+`GRPOTrainer._generate_and_score_completions` before TRL's generation, its `before` hook in `generation_hooks.py`):
 rollout `j` of every group gets the row's `j mod V`-th prompt variant, so TRL generates, scores and trains every
 rollout under its own phrasing and the group statistics of every advantage estimator are over paraphrases. This
 module registers the variant, validates its flag and holds the pure parts (which variant each global row gets, the

@@ -1,7 +1,7 @@
 """RC-GRPO (Reward-Conditioned GRPO): one reward-goal token per rollout, in the configured ratio inside every group.
 
 The generation change runs in the trainer (`reward_tokens.condition_on_reward_tokens`, called from
-`GRPOTrainer._generate_and_score_completions` before TRL's generation through `prompt_rewrite.prompt_rewriter`):
+`GRPOTrainer._generate_and_score_completions` before TRL's generation, its `before` hook in `generation_hooks.py`):
 each training row's prompt gets its condition token, so TRL generates, scores and trains every rollout under its
 conditioned prompt. This module registers the variant, validates its flags and holds the pure parts (the
 per-group apportionment, the seeded assignment, the prompt placement). The reward-conditioned SFT stage that must
