@@ -8,7 +8,7 @@ import torch
 
 import trl_groupx
 from tests.conftest import build_trainer, grads_differ, one_step
-from tests.integration.test_gcpo_ref import DATASET, FirstCallPattern, _generate
+from tests.integration.test_gcpo_ref import DATASET, _generate, _reward
 from trl_groupx.advantages.dagrpo import dagrpo_advantages, register_dagrpo_scorer
 
 G = 4  # conftest: num_generations 4, per_device_train_batch_size 8 -> 2 groups
@@ -92,12 +92,12 @@ def test_built_in_toy_scorer_runs(tmp_path):
 
 
 def test_anchors_compose_with_gcpo_reference_injection(tmp_path, scorer):
-    """FirstCallPattern: group 0 = [1, 0, 0, 0] (mixed), group 1 all fail -> its last row becomes the reference
+    """The scripted first-call reward: group 0 = [1, 0, 0, 0] (mixed), group 1 all fail -> its last row becomes the reference
     (reward 1). Advantages: group 0 A = [1.4997, -0.4999 x3] (mean .25, std .5), rows 0, 1 opposite and
     indistinct -> masked; group 1 = [0, 0, 0, 1] -> [-0.4999 x3, 1.4997], rows 0, 1 both negative -> kept, and the
     anchor keeps its positive advantage."""
     trainer = build_trainer(trl_groupx.GRPOTrainer, trl_groupx.GRPOConfig, tmp_path, dataset=DATASET,
-                            reward_funcs=FirstCallPattern(), rollout_filter="gcpo_ref", shuffle_dataset=False,
+                            reward_funcs=_reward(), rollout_filter="gcpo_ref", shuffle_dataset=False,
                             max_completion_length=8, **ON)
     batch, output = _generate(trainer)
     tok = trainer.processing_class
@@ -112,6 +112,6 @@ def test_anchors_compose_with_gcpo_reference_injection(tmp_path, scorer):
     adv, _ = dagrpo_advantages(r, G, pair_similarity=sim)
     torch.testing.assert_close(output["advantages"], adv.float())
     _, grads, _ = one_step(build_trainer(trl_groupx.GRPOTrainer, trl_groupx.GRPOConfig, tmp_path / "step",
-                                         dataset=DATASET, reward_funcs=FirstCallPattern(), rollout_filter="gcpo_ref",
+                                         dataset=DATASET, reward_funcs=_reward(), rollout_filter="gcpo_ref",
                                          max_completion_length=8, **ON))
     assert all(torch.isfinite(g).all() for g in grads.values())

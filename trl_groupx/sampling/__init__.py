@@ -25,7 +25,16 @@ def apply_keep_mask(rewards: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     return rewards.masked_fill(dropped.view(-1, *([1] * (rewards.dim() - 1))), float("nan"))
 
 
-__all__ = ["RolloutBatch", "apply_keep_mask"]
+def keep_all(batch: RolloutBatch, variant_id: str) -> torch.Tensor:
+    """The `(N,)` all-True keep mask of a variant whose filter keeps every rollout (its work is elsewhere: prompt
+    selection, rewritten rows), after refusing infinite rewards."""
+    if torch.isinf(batch.rewards).any():
+        raise ValueError(f"rollout_filter={variant_id!r} got an infinite reward; reward functions must return finite "
+                         "values or NaN.")
+    return torch.ones(batch.rewards.shape[0], dtype=torch.bool, device=batch.rewards.device)
+
+
+__all__ = ["RolloutBatch", "apply_keep_mask", "keep_all"]
 
 from . import (  # noqa: F401  (registers the variants)
     consistency_grpo,  # noqa: F401  (registers the variant)

@@ -105,6 +105,21 @@ def max_new_tokens(trainer: Any, budget: int) -> Iterator[None]:
         trainer.generation_config = saved
 
 
+def generate_aside(trainer: Any, prompt_ids: list[list[int]], num_generations: int = 1) -> list[list[int]]:
+    """Completions that are not the batch's rollouts (baselines, drafts, hints, pilots, profiles, continuations):
+    TRL's own `_generate_single_turn` at the run's base sampling settings, with the per-batch generation hooks off
+    (`trainer._generating_baseline`) and the model's train/eval mode restored after. Callers wrap it in their own
+    contexts (`generating_with_model`, `max_new_tokens`)."""
+    was_training = trainer.model.training
+    trainer._generating_baseline = True
+    try:
+        completion_ids, _ = trainer._generate_single_turn(prompt_ids, None, {}, num_generations)
+    finally:
+        trainer._generating_baseline = False
+        trainer.model.train(was_training)
+    return completion_ids
+
+
 def continue_prefixes(trainer: Any, output: dict[str, Any], rows: list[int], prefixes: list[list[int]],
                       budget: int) -> list[list[int]]:
     """The policy's continuation (at most `budget` new tokens, the run's base sampling settings) of `prompt + prefix`
@@ -122,14 +137,8 @@ def continue_prefixes(trainer: Any, output: dict[str, Any], rows: list[int], pre
     fill_prefixes = prefixes + [prefixes[0]] * (padded_to - len(prefixes))
     prompt_ids = [output["prompt_ids"][r][output["prompt_mask"][r].bool()].tolist() + list(prefix)
                   for r, prefix in zip(fill_rows, fill_prefixes)]
-    was_training = trainer.model.training
-    trainer._generating_baseline = True  # extra completions at the run's own base sampling settings
-    try:
-        with max_new_tokens(trainer, budget):
-            continuations, _ = trainer._generate_single_turn(prompt_ids, None, {}, 1)
-    finally:
-        trainer._generating_baseline = False
-    trainer.model.train(was_training)
+    with max_new_tokens(trainer, budget):
+        continuations = generate_aside(trainer, prompt_ids)
     return [list(c) for c in continuations[:count]]
 
 
@@ -153,14 +162,8 @@ def baseline_rewards(trainer: Any, inputs: list[dict[str, Any]], requirement: st
     prompt_ids, images, multimodal_fields = trainer._tokenize_prompts(prompts)
     if images is not None or multimodal_fields:
         raise ValueError("Baseline rollouts (remax, aapo) support text prompts only.")
-    was_training = trainer.model.training
-    trainer._generating_baseline = True  # one completion per chosen row, at the run's own sampling settings
-    try:
-        with _generating_with(trainer, policy):
-            completion_ids, _ = trainer._generate_single_turn(prompt_ids, None, {}, 1)
-    finally:
-        trainer._generating_baseline = False
-    trainer.model.train(was_training)
+    with _generating_with(trainer, policy):  # one completion per chosen row
+        completion_ids = generate_aside(trainer, prompt_ids)
     per_func = score_aside(trainer, chosen, completion_ids)  # gathered: (P · padded_to, K)
     weights = trainer.reward_weights.to(per_func.device)
     scored = (per_func * weights).nansum(dim=1)

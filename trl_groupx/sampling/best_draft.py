@@ -16,6 +16,7 @@ import torch
 from accelerate.utils import gather_object
 
 from ._scoring import score_aside
+from .baseline_rollouts import generate_aside
 from .dapo_dynamic_sampling import weighted_rewards
 from .igrpo import VARIANT_ID, best_draft_indices, conditioned_prompt
 
@@ -64,13 +65,7 @@ def condition_on_best_draft(trainer: Any, inputs: list[dict[str, Any]]) -> list[
     prompt_ids, images, multimodal_fields = trainer._tokenize_prompts([copy.deepcopy(x["prompt"]) for x in drafted])
     if images is not None or multimodal_fields:
         raise ValueError(f"rollout_filter={VARIANT_ID!r} supports text prompts only.")
-    was_training = trainer.model.training
-    trainer._generating_baseline = True  # extra completions: one per row, at the run's own sampling settings
-    try:
-        draft_ids, _ = trainer._generate_single_turn(prompt_ids, None, {}, 1)
-    finally:
-        trainer._generating_baseline = False
-    trainer.model.train(was_training)
+    draft_ids = generate_aside(trainer, prompt_ids)  # one draft per row
 
     rewards = weighted_rewards(score_aside(trainer, drafted, draft_ids), trainer.reward_weights)  # (P·padded_to,)
     texts = trainer.processing_class.batch_decode(draft_ids, skip_special_tokens=True)

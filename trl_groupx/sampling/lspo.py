@@ -16,6 +16,7 @@ import torch
 
 from ..contracts import RolloutBatch
 from ..registry import register
+from . import keep_all
 
 VARIANT_ID = "lspo"
 #: Name of the throw-away adapter (LoRA policies: a second adapter on the policy's base model).
@@ -176,7 +177,4 @@ def lspo(batch: RolloutBatch) -> torch.Tensor:
     Returns:
         `torch.Tensor`: `(N,)` bool keep mask, all True.
     """
-    if torch.isinf(batch.rewards).any():
-        raise ValueError(f"rollout_filter={VARIANT_ID!r} got ±inf rewards; reward functions must return finite values "
-                         "or NaN.")
-    return torch.ones(batch.rewards.shape[0], dtype=torch.bool, device=batch.rewards.device)
+    return keep_all(batch, VARIANT_ID)

@@ -19,7 +19,7 @@ from accelerate.utils import gather_object, is_peft_model
 
 from .._frozen_copy import frozen_policy_copy
 from ._scoring import score_aside
-from .baseline_rollouts import generating_with_model
+from .baseline_rollouts import generate_aside, generating_with_model
 from .dapo_dynamic_sampling import weighted_rewards
 from .lspo import SCAFFOLD_ADAPTER, VARIANT_ID, cliff_groups, splice_rows, truncated_behaviour_logps
 from .reference_injection import _recompute_logps, raise_together, reference_completion_ids, replace_completions
@@ -153,14 +153,7 @@ def _reroll(trainer: Any, inputs: list[dict[str, Any]], rows: list[int], count: 
                                                                        for r in fill])
     if images is not None or multimodal_fields:
         raise ValueError(f"{_SELECTOR} supports text prompts only.")
-    was_training = trainer.model.training
-    trainer._generating_baseline = True  # one completion per row, at the run's own sampling settings
-    try:
-        completion_ids, _ = trainer._generate_single_turn(prompt_ids, None, {}, 1)
-    finally:
-        trainer._generating_baseline = False
-    trainer.model.train(was_training)
-    return [list(c) for c in completion_ids]
+    return [list(c) for c in generate_aside(trainer, prompt_ids)]  # one completion per row
 
 
 def _scaffold_logps(trainer: Any, model: torch.nn.Module, output: dict[str, Any], rows: list[int],

@@ -19,7 +19,9 @@ import torch
 
 from ..contracts import RolloutBatch
 from ..registry import register
+from . import keep_all
 from ._scoring import score_aside
+from .baseline_rollouts import generate_aside
 from .prompt_sampler import prompt_selection
 
 VARIANT_ID = "pilot_commit"
@@ -226,13 +228,7 @@ def pilot_rewards(trainer: Any, indices: list[int], samples: int) -> torch.Tenso
     prompt_ids, images, multimodal_fields = trainer._tokenize_prompts([copy.deepcopy(x["prompt"]) for x in inputs])
     if images is not None or multimodal_fields:
         raise ValueError("rollout_filter='pilot_commit' supports text prompts only.")
-    was_training = trainer.model.training
-    trainer._generating_baseline = True  # plain sampling: no per-batch generation hooks on the pilot completions
-    try:
-        completion_ids, _ = trainer._generate_single_turn(prompt_ids, None, {}, 1)
-    finally:
-        trainer._generating_baseline = False
-    trainer.model.train(was_training)
+    completion_ids = generate_aside(trainer, prompt_ids)  # plain sampling: no per-batch hooks on the pilots
     per_func = score_aside(trainer, inputs, completion_ids)  # (P · per_process, K), gathered
     weights = trainer.reward_weights.to(per_func.device)
     rewards = (per_func * weights).nansum(dim=1)
@@ -371,7 +367,6 @@ def pilot_commit(batch: RolloutBatch, *, state: dict) -> torch.Tensor:
     Returns:
         `torch.Tensor`: `(N,)` bool, all `True`.
     """
-    if torch.isinf(batch.rewards).any():
-        raise ValueError("rollout_filter='pilot_commit' got an infinite reward; check the reward functions.")
+    keep = keep_all(batch, "pilot_commit")
     state["pending"] = torch.zeros(0, dtype=torch.int64)
-    return torch.ones(batch.rewards.shape[0], dtype=torch.bool, device=batch.rewards.device)
+    return keep

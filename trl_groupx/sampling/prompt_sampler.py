@@ -149,6 +149,25 @@ class PromptSelectionSampler(Sampler[int]):
         return [self.dataset[i] for i in global_rows[start : start + local_n]]
 
 
+def pending_outcomes(batch: Any, state: dict, variant_id: str, threshold: float
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """`(pending (B,), successes (B,), trials (B,))` of the selected prompts of the batch being scored (`None` when
+    the sampler chose none: an evaluation copy, a batch before the first selection). A trial is a scored rollout (a
+    NaN reward is none), a success a trial with reward `≥ threshold`. Prompt `j` owns the `j`-th group: `G` rows, or
+    `pending_sizes[j]` with variable groups. Raises when the rows do not match the recorded prompts."""
+    pending = state.get("pending")
+    if pending is None or pending.numel() == 0:
+        return None
+    rewards = batch.rewards.detach().cpu().double()
+    sizes = [batch.group_size] * pending.numel() if batch.group_sizes is None else batch.group_sizes.tolist()
+    if len(sizes) != pending.numel() or rewards.shape[0] != sum(sizes):
+        raise ValueError(f"rollout_filter={variant_id!r}: {rewards.shape[0]} rollouts for {pending.numel()} selected "
+                         f"prompts of {batch.group_size if batch.group_sizes is None else sizes} rollouts each.")
+    scored = [~torch.isnan(g) for g in torch.split(rewards, sizes)]
+    successes = torch.stack([((g >= threshold) & s).sum() for g, s in zip(torch.split(rewards, sizes), scored)])
+    return pending, successes, torch.stack([s.sum() for s in scored])
+
+
 def build_train_sampler(trainer: Any, dataset: Any, default: Callable[[Any], Sampler]) -> Sampler:
     """`_get_train_sampler`: a `PromptSelectionSampler` when the run's sampling variant selects prompts, else
     `default(dataset)` (TRL's `RepeatSampler`)."""

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from accelerate.utils import gather_object
 
-from .baseline_rollouts import _generating_with
+from .baseline_rollouts import _generating_with, generate_aside
 from .best_draft import group_first_rows
 from .dapo_dynamic_sampling import _log_snapshot, merge_outputs, merge_rows, weighted_rewards
 from .sage import (
@@ -90,14 +90,8 @@ def write_hints(trainer: Any, inputs: list[dict[str, Any]],
     prompt_ids, images, multimodal_fields = trainer._tokenize_prompts(copy.deepcopy(requests))
     if images is not None or multimodal_fields:
         raise ValueError(f"rollout_filter={VARIANT_ID!r} supports text prompts only.")
-    was_training = trainer.model.training
-    trainer._generating_baseline = True  # an extra completion: the run's base settings, made greedy below
-    try:
-        with _generating_with(trainer, "greedy"):
-            reply_ids, _ = trainer._generate_single_turn(prompt_ids, None, {}, 1)
-    finally:
-        trainer._generating_baseline = False
-    trainer.model.train(was_training)
+    with _generating_with(trainer, "greedy"):  # an extra completion: the run's base settings, made greedy
+        reply_ids = generate_aside(trainer, prompt_ids)
     texts = trainer.processing_class.batch_decode(reply_ids[:count], skip_special_tokens=True)
     replies = list(zip(groups, texts, strict=True))
     replies = gather_object(replies) if acc.num_processes > 1 else replies

@@ -20,6 +20,7 @@ import torch
 from ..contracts import RolloutBatch
 from ..registry import register
 from ._scoring import score_aside
+from .baseline_rollouts import generate_aside
 from .group_layout import check_variable_groups
 from .prompt_sampler import prompt_selection
 
@@ -62,13 +63,13 @@ def _validate(config: Any) -> None:
                          "does not run with use_vllm=True yet. Set use_vllm=False.")
 
 
-def success_rates(rewards: torch.Tensor, threshold: float) -> torch.Tensor:
+def success_rates(rewards: torch.Tensor, threshold: float, variant_id: str = VARIANT_ID) -> torch.Tensor:
     """`p̂ (M,)` float64 from profiling rewards `(M, S)`: successes (`reward > threshold`) over scored samples (a NaN
     reward, every reward function returned None, is no sample); NaN for a prompt with no scored sample."""
     rewards = rewards.double()
     if torch.isinf(rewards).any():
-        raise ValueError("rollout_filter='sgpo': a profiling completion got an infinite reward; check the reward "
-                         "functions.")
+        raise ValueError(f"rollout_filter={variant_id!r}: a profiling completion got an infinite reward; check the "
+                         "reward functions.")
     scored = ~torch.isnan(rewards)
     trials = scored.sum(1)
     successes = ((rewards > threshold) & scored).sum(1)
@@ -110,7 +111,8 @@ def sgpo_curriculum(p_hat: torch.Tensor, unsolvable_keep: float, order: str, see
     return kept[torch.sort(key, stable=True).indices].tolist()  # stable: ties keep ascending dataset index
 
 
-def profile_success_rates(trainer: Any, dataset: Any, samples: int, threshold: float) -> torch.Tensor:
+def profile_success_rates(trainer: Any, dataset: Any, samples: int, threshold: float,
+                          variant_id: str = VARIANT_ID) -> torch.Tensor:
     """`p̂ (M,)` of every dataset prompt: `samples` completions each from TRL's generator (the current policy at the
     run's sampling settings), scored by the run's reward functions (weighted sum, as for rollouts).
 
@@ -120,35 +122,29 @@ def profile_success_rates(trainer: Any, dataset: Any, samples: int, threshold: f
     prompt order, so every process ends with the same `p̂`; every process makes the same generate and reward calls.
     """
     if getattr(trainer, "rollout_func", None) is not None or getattr(trainer, "environments", None) or trainer.tools:
-        raise ValueError("rollout_filter='sgpo' profiles prompts with the trainer's own single-turn generator; it "
-                         "cannot reproduce a rollout_func, tools or environments. Drop them, or use another "
-                         "rollout_filter.")
+        raise ValueError(f"rollout_filter={variant_id!r} profiles prompts with the trainer's own single-turn "
+                         "generator; it cannot reproduce a rollout_func, tools or environments. Drop them, or use "
+                         "another rollout_filter.")
     acc = trainer.accelerator
     num_processes, rank = acc.num_processes, acc.process_index
     size = len(dataset)
     per_process = max(1, trainer.args.per_device_train_batch_size * trainer.args.steps_per_generation // samples)
     block = num_processes * per_process
     rewards = torch.full((size, samples), math.nan, dtype=torch.float64)
-    was_training = trainer.model.training
     for start in range(0, size, block):
         mine = [min(start + rank * per_process + c, size - 1) for c in range(per_process)]
         rows = [dataset[i] for i in mine for _ in range(samples)]
         prompt_ids, images, multimodal_fields = trainer._tokenize_prompts([copy.deepcopy(r["prompt"]) for r in rows])
         if images is not None or multimodal_fields:
-            raise ValueError("rollout_filter='sgpo' profiles text prompts only.")
-        trainer._generating_baseline = True  # extra completions at the run's own sampling settings
-        try:
-            completion_ids, _ = trainer._generate_single_turn(prompt_ids, None, {}, samples)
-        finally:
-            trainer._generating_baseline = False
-        trainer.model.train(was_training)
+            raise ValueError(f"rollout_filter={variant_id!r} profiles text prompts only.")
+        completion_ids = generate_aside(trainer, prompt_ids, samples)
         per_func = score_aside(trainer, rows, completion_ids).double().cpu()  # (P · C · S, K), process order
         weighted = (per_func * trainer.reward_weights.double().cpu()).nansum(dim=1)
         weighted[torch.isnan(per_func).all(dim=1)] = math.nan
         slots = torch.arange(start, start + block)
         valid = slots < size
         rewards[slots[valid]] = weighted.view(block, samples)[valid]
-    return success_rates(rewards, threshold)
+    return success_rates(rewards, threshold, variant_id)
 
 
 def inverse_success_group_sizes(p_hat: torch.Tensor, max_size: int) -> torch.Tensor:

@@ -17,6 +17,7 @@ import torch
 
 from ..contracts import RolloutBatch
 from ..registry import register
+from . import keep_all
 
 VARIANT_ID = "soup"
 
@@ -130,7 +131,4 @@ def soup(batch: RolloutBatch, *, state: dict) -> torch.Tensor:
     Returns:
         `torch.Tensor`: `(N,)` bool keep mask, all True.
     """
-    if torch.isinf(batch.rewards).any():
-        raise ValueError(f"rollout_filter={VARIANT_ID!r} got ±inf rewards; reward functions must return finite values "
-                         "or NaN.")
-    return torch.ones(batch.rewards.shape[0], dtype=torch.bool, device=batch.rewards.device)
+    return keep_all(batch, VARIANT_ID)

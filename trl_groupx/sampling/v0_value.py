@@ -28,7 +28,8 @@ import torch
 
 from ..contracts import RolloutBatch
 from ..registry import register
-from .prompt_sampler import prompt_selection
+from . import keep_all
+from .prompt_sampler import pending_outcomes, prompt_selection
 
 VARIANT_ID = "v0_value"
 UNSEEN_PREDICTION = 0.5  # knn: a prompt with no similar context entry is maximally uncertain (our choice)
@@ -247,22 +248,13 @@ def v0_value(
     Returns:
         `torch.Tensor`: `(N,)` bool, all `True`.
     """
-    rewards = batch.rewards.detach().cpu().double()
-    if torch.isinf(rewards).any():
-        raise ValueError("rollout_filter='v0_value' got an infinite reward; check the reward functions.")
-    keep = torch.ones(rewards.shape[0], dtype=torch.bool, device=batch.rewards.device)
-    pending = state.get("pending")
-    if pending is None or pending.numel() == 0:
+    keep = keep_all(batch, "v0_value")
+    outcomes = pending_outcomes(batch, state, "v0_value", v0_value_success_threshold)
+    if outcomes is None:
         return keep
     _init_state(state)
-    group_size = batch.group_size
-    if rewards.shape[0] != pending.numel() * group_size:
-        raise ValueError(f"rollout_filter='v0_value': {rewards.shape[0]} rollouts for {pending.numel()} selected "
-                         f"prompts of {group_size} rollouts each.")
-    grouped = rewards.view(-1, group_size)
-    scored = ~torch.isnan(grouped)
-    successes = ((grouped >= v0_value_success_threshold) & scored).sum(1)
+    pending, successes, trials = outcomes
     state["context_index"], state["context_rate"] = update_context(
-        state["context_index"], state["context_rate"], pending, successes, scored.sum(1), v0_value_context_size)
+        state["context_index"], state["context_rate"], pending, successes, trials, v0_value_context_size)
     state["pending"] = torch.zeros(0, dtype=torch.int64)
     return keep

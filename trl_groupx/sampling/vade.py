@@ -16,7 +16,8 @@ import torch
 
 from ..contracts import RolloutBatch
 from ..registry import register
-from .prompt_sampler import prompt_selection
+from . import keep_all
+from .prompt_sampler import pending_outcomes, prompt_selection
 
 VARIANT_ID = "vade"
 PRIOR_ALPHA = PRIOR_BETA = 1.0  # uniform prior Beta(1, 1) on each prompt's success probability (our choice)
@@ -159,21 +160,12 @@ def vade(
     Returns:
         `torch.Tensor`: `(N,)` bool, all `True`.
     """
-    rewards = batch.rewards.detach().cpu().double()
-    if torch.isinf(rewards).any():
-        raise ValueError("rollout_filter='vade' got an infinite reward; check the reward functions.")
-    keep = torch.ones(rewards.shape[0], dtype=torch.bool, device=batch.rewards.device)
-    pending = state.get("pending")
-    if pending is None or pending.numel() == 0:
+    keep = keep_all(batch, "vade")
+    outcomes = pending_outcomes(batch, state, "vade", vade_success_threshold)
+    if outcomes is None:
         return keep
-    group_size = batch.group_size
-    if rewards.shape[0] != pending.numel() * group_size:
-        raise ValueError(f"rollout_filter='vade': {rewards.shape[0]} rollouts for {pending.numel()} selected prompts "
-                         f"of {group_size} rollouts each.")
-    grouped = rewards.view(-1, group_size)
-    scored = ~torch.isnan(grouped)
-    successes = ((grouped >= vade_success_threshold) & scored).sum(1)
+    pending, successes, trials = outcomes
     state["alpha"], state["beta"] = vade_posterior_update(
-        state["alpha"], state["beta"], pending, successes, scored.sum(1), vade_decay_slow, vade_decay_fast)
+        state["alpha"], state["beta"], pending, successes, trials, vade_decay_slow, vade_decay_fast)
     state["pending"] = torch.zeros(0, dtype=torch.int64)
     return keep

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from ..sampling._scoring import score_aside
-from ..sampling.baseline_rollouts import max_new_tokens
+from ..sampling.baseline_rollouts import generate_aside, max_new_tokens
 from .spo_segment import VARIANT_ID, cut_points
 
 SELECTOR = f"token_weighting={VARIANT_ID!r}"
@@ -94,19 +94,13 @@ def generate_continuations(trainer: Any, queries: list[list[int]], budgets: list
     call_budgets = [max(budgets[c * chunk : (c + 1) * chunk], default=1) for c in range(calls)]
     call_budgets = _global_max(acc, call_budgets)
     out: list[list[int]] = []
-    was_training = trainer.model.training
-    trainer._generating_baseline = True  # extra completions at the run's own base sampling settings
-    try:
-        for c in range(calls):
-            batch = queries[c * chunk : (c + 1) * chunk]
-            real = len(batch)
-            batch = batch + [filler] * (chunk - real)
-            with max_new_tokens(trainer, int(call_budgets[c])):
-                generated, _ = trainer._generate_single_turn(batch, None, {}, 1)
-            out.extend(list(g)[: budgets[c * chunk + k]] for k, g in enumerate(generated[:real]))
-    finally:
-        trainer._generating_baseline = False
-    trainer.model.train(was_training)
+    for c in range(calls):
+        batch = queries[c * chunk : (c + 1) * chunk]
+        real = len(batch)
+        batch = batch + [filler] * (chunk - real)
+        with max_new_tokens(trainer, int(call_budgets[c])):
+            generated = generate_aside(trainer, batch)
+        out.extend(list(g)[: budgets[c * chunk + k]] for k, g in enumerate(generated[:real]))
     return out
 
 

@@ -146,3 +146,25 @@ def test_seam_refuses_sizes_that_miss_the_row_budget():
                                      lambda state, n, size, *, seed: ([1, 2], [4, 3]), "toy")
     with pytest.raises(ValueError, match="group sizes \\[4, 3\\] sum to 7, but the generation batch has 4 rows"):
         sampler.generation_rows([{}] * 8)
+
+
+def test_pending_outcomes_per_selected_prompt_fixed_and_variable_groups():
+    from trl_groupx.contracts import RolloutBatch
+    from trl_groupx.sampling import keep_all
+    from trl_groupx.sampling.prompt_sampler import pending_outcomes
+
+    rewards = torch.tensor([1.0, 0.0, NAN, 1.0, 0.5, 1.0])
+    fixed = RolloutBatch(rewards, torch.ones(6), group_size=3)
+    assert pending_outcomes(fixed, {}, "toy", 1.0) is None  # nothing selected: an evaluation copy
+    pending, successes, trials = pending_outcomes(fixed, {"pending": torch.tensor([7, 2])}, "toy", 1.0)
+    # prompt 7: [1, 0, NaN] → 1 success of 2 trials; prompt 2: [1, 0.5, 1] → 2 of 3 (0.5 < threshold 1)
+    assert (pending.tolist(), successes.tolist(), trials.tolist()) == ([7, 2], [1, 2], [2, 3])
+    variable = RolloutBatch(rewards, torch.ones(6), group_size=3, group_sizes=torch.tensor([4, 2]))
+    _, successes, trials = pending_outcomes(variable, {"pending": torch.tensor([7, 2])}, "toy", 1.0)
+    # [1, 0, NaN, 1]: 2 successes of 3 trials; [0.5, 1]: 1 of 2
+    assert (successes.tolist(), trials.tolist()) == ([2, 1], [3, 2])
+    with pytest.raises(ValueError, match="rollout_filter='toy': 6 rollouts for 3 selected prompts of 3 rollouts"):
+        pending_outcomes(fixed, {"pending": torch.tensor([1, 2, 3])}, "toy", 1.0)
+    assert keep_all(fixed, "toy").tolist() == [True] * 6
+    with pytest.raises(ValueError, match="rollout_filter='toy' got an infinite reward"):
+        keep_all(RolloutBatch(torch.tensor([float("inf")]), torch.ones(1), 1), "toy")

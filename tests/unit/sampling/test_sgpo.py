@@ -220,7 +220,8 @@ def test_group_size_flags_and_stages_that_read_fixed_groups_fail_at_construction
                                           r"sizes, but advantage_estimator='rloo'.*set sgpo_group_size to its "
                                           r"fixed-size value or drop advantage_estimator"),
         ({"token_weighting": "gtpo_entropy"}, r"but token_weighting='gtpo_entropy' reads groups"),
-        ({"loss_type": "gvpo", "beta": 0.1}, r"but loss_type='gvpo' reads each rollout's group \(\['group_structure'\]\)"),
+        ({"loss_type": "gvpo", "beta": 0.1, "scale_rewards": "none"},
+         r"but loss_type='gvpo' reads each rollout's group \(\['group_structure'\]\)"),
         ({"loss_type": "srpo"}, r"but loss_type='srpo' reads each rollout's group \(\['self_teacher_topk'\]\)"),
         ({"edge_grpo_gec": True}, "but edge_grpo_gec=True corrects responses within fixed-size groups"),
     ]:

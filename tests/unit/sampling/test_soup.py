@@ -75,7 +75,7 @@ def test_filter_keeps_every_rollout():
     batch = RolloutBatch(rewards=torch.tensor([1.0, float("nan"), 0.0, 0.0]), completion_lengths=torch.ones(4),
                          group_size=2)
     assert soup(batch, state={}).tolist() == [True] * 4
-    with pytest.raises(ValueError, match="got ±inf rewards"):
+    with pytest.raises(ValueError, match="rollout_filter='soup' got an infinite reward"):
         soup(RolloutBatch(torch.tensor([float("inf"), 0.0]), torch.ones(2), 2), state={})
 
 
