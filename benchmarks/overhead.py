@@ -182,15 +182,16 @@ EXTRA_WORK = {
 SAMPLING_WORK = {
     "n_grpo": "an embedding-mixing hook at generation; every log-prob forward replays the mixed inputs",
     "repo": "a replay buffer; from a prompt's 16th buffered rollout on, k stored rollouts appended to its group "
-            "(none here: 15 steps over 64 prompts revisit none)",
+            "(here from the 5th step: every timed step re-serves the same first batch, 4 rollouts per prompt each)",
     "s2l_po": "the explorer generates the batches of the official schedule's explorer steps (here the tiny model "
               "itself, so the cost is the model swap)",
     "pilot_commit": "pilot rollouts per candidate prompt, generated and scored, before the committed batch",
     "sgpo": "one profiling pass over the dataset at the first step (S completions per prompt, scored); groups of "
             "ceil(1/p) rollouts, advantages group by group",
-    "soup": "a no-grad log-prob forward and the prefix buffer's upkeep per batch; from a prompt's second visit, its "
-            "mixed rows continued from stored prefixes and re-scored (none here: 15 steps over 64 prompts revisit "
-            "none)",
+    "ebpo_curriculum": "one profiling pass over the dataset at the first step (16 completions per prompt, scored)",
+    "soup": "from a prompt's second visit (here every step after the first: each timed step re-serves the same "
+            "batch), one more generate call for the mixed rows' continuations, their re-scoring and a full-batch "
+            "log-prob forward; the stored slots' log-probs every batch",
     "eframe": "for all-fail groups: n extra rollouts at T = 1.2, scored, the |A| > 1 ones appended; a |A| filter; "
               "a replay buffer re-inserted every 5 batches",
     "logit_avg": "a reference forward at every decoding step and in every log-prob forward (mixed logits)",

@@ -40,6 +40,7 @@ from . import (  # noqa: F401  (registers the variants)
     consistency_grpo,  # noqa: F401  (registers the variant)
     d3s,
     dapo_dynamic_sampling,  # noqa: F401  (registers the variant)
+    ebpo_curriculum,  # noqa: F401  (registers the variant and its prompt selection)
     eframe,  # noqa: F401  (registers the variant)
     gcpo_ref,  # noqa: F401  (registers the variant)
     gfpo,

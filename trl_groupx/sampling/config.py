@@ -114,6 +114,16 @@ class SamplingArgs:
         only); `"fixed"` gives every prompt `num_generations`.
     sgpo_max_group_size (`int` or `None`, *optional*, defaults to `None`):
         sGPO: largest group (that of the never-solved prompts) under `"inverse_success"`; `None` = `num_generations`.
+    ebpo_curriculum_mode (`str`, *optional*, defaults to `"difficulty"`):
+        EBPO's clustered sampling (`rollout_filter="ebpo_curriculum"`): `"difficulty"` orders the training prompts easy
+        → hard by the base model's pass rate (one profiling pass at the first training generation), `"topic"` groups
+        them by `ebpo_curriculum_topic_column`. See `trl_groupx/sampling/ebpo_curriculum.py`.
+    ebpo_curriculum_samples (`int`, *optional*, defaults to `16`):
+        EBPO's clustered sampling: profiling rollouts per prompt for the pass rate (the paper's 16).
+    ebpo_curriculum_success_threshold (`float`, *optional*, defaults to `0.5`):
+        EBPO's clustered sampling: a profiling rollout with weighted reward above this value is correct.
+    ebpo_curriculum_topic_column (`str` or `None`, *optional*, defaults to `None`):
+        EBPO's clustered sampling, topic mode: the dataset column with each prompt's topic label.
     soup_mixed_rollouts (`int`, *optional*, defaults to `1`):
         SOUP (`rollout_filter="soup"`): rollouts per group (its last slots) that continue, on-policy, the prefix of
         a rollout sampled for the same prompt at its previous visit; in `[1, num_generations]` (our choice: 1).
@@ -379,6 +389,18 @@ class SamplingArgs:
     )
     sgpo_max_group_size: int | None = field(
         default=None, metadata={"help": "sGPO: largest group under 'inverse_success' (None = num_generations)."}
+    )
+    ebpo_curriculum_mode: str = field(
+        default="difficulty", metadata={"help": "EBPO clustered sampling: 'difficulty' (easy -> hard) or 'topic'."}
+    )
+    ebpo_curriculum_samples: int = field(
+        default=16, metadata={"help": "EBPO clustered sampling: profiling rollouts per prompt (paper: 16)."}
+    )
+    ebpo_curriculum_success_threshold: float = field(
+        default=0.5, metadata={"help": "EBPO clustered sampling: reward above which a profiling rollout is correct."}
+    )
+    ebpo_curriculum_topic_column: str | None = field(
+        default=None, metadata={"help": "EBPO clustered sampling, topic mode: the dataset column of topic labels."}
     )
     soup_mixed_rollouts: int = field(
         default=1, metadata={"help": "SOUP: rollouts per group that continue a stored off-policy prefix."}
