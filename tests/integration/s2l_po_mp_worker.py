@@ -37,7 +37,7 @@ def trainer(out_dir, **flags):
 def check(out_dir: Path) -> dict:
     rank = int(os.environ.get("RANK", "0"))
     explorer = perturbed_teacher(out_dir / f"explorer{rank}")
-    s2l = dict(rollout_filter="s2l_po", s2l_po_explorer_model=explorer)
+    s2l = dict(rollout_filter="s2l_po", s2l_po_explorer_model=explorer, s2l_po_group_sizes="fixed")
     explorer_rows = one_batch(trainer(out_dir / "explorer_grpo", model=explorer))
     grpo_rows = one_batch(trainer(out_dir / "grpo"))
     on_explorer = one_batch(trainer(out_dir / "s2l_explorer", **s2l), global_step=0)

@@ -30,6 +30,7 @@ def wide_vocab_explorer(tmp_path_factory):
 
 
 def _s2l(tmp_path, peft, explorer, **flags):
+    flags = {"s2l_po_group_sizes": "fixed", **flags}  # TRL's sampler: the same prompts as the runs compared with
     return ours(tmp_path, peft, rollout_filter="s2l_po", s2l_po_explorer_model=explorer, **flags)
 
 
@@ -93,7 +94,7 @@ def test_learner_batch_is_plain_grpo(tmp_path, teachers, peft):  # noqa: F811
 
 def test_zero_anneal_steps_is_plain_grpo_and_loads_no_explorer(tmp_path):
     # frac = 0 throughout: no explorer batch at all, even at step 0; no explorer needed
-    trainer = ours(tmp_path / "s2l", rollout_filter="s2l_po", s2l_po_anneal_steps=0)
+    trainer = ours(tmp_path / "s2l", rollout_filter="s2l_po", s2l_po_anneal_steps=0, s2l_po_group_sizes="fixed")
     assert trainer._explorer is None
     _, grads, inputs = one_step(trainer)
     _, expected, inputs_grpo = one_step(ours(tmp_path / "grpo"))
@@ -134,6 +135,36 @@ def test_schedule_follows_global_step_through_a_resume(tmp_path, teachers):  # n
     losses = [{h["step"]: h["loss"] for h in t.state.log_history if "loss" in h and h["step"] > 1}
               for t in (full, resumed)]
     assert losses[0] == losses[1] and len(losses[0]) == 3
+
+
+def test_official_group_sizes_follow_the_anneal_and_resume(tmp_path, teachers):  # noqa: F811
+    # N = 3: batches explorer 16, explorer 8, learner 8, learner 16 rollouts per prompt of the official 16; with G = 4
+    # groups of 4, 2, 2, 4 (s2l_po.batch_group_size), 8 rows per batch: 2, 4, 4, 2 prompts
+    flags = dict(s2l_po_anneal_steps=3, s2l_po_group_sizes="official", max_steps=4, save_strategy="steps",
+                 save_steps=1)
+    full = _s2l(tmp_path / "full", False, teachers["other"], **flags)
+    full.train()
+    logs = [h for h in full.state.log_history if "groupx/groups_per_batch" in h]
+    assert [h["groupx/group_size_mean"] for h in logs] == [4.0, 2.0, 2.0, 4.0]
+    assert [h["groupx/groups_per_batch"] for h in logs] == [2.0, 4.0, 4.0, 2.0]
+    assert _logged_flags(full) == {1: 1.0, 2: 1.0, 3: 0.0, 4: 0.0}
+    assert full.variant_state["s2l_po"]["served"] == 12  # prompts walked along the seeded permutation
+    resumed = _s2l(tmp_path / "resumed", False, teachers["other"], **flags)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-2"))
+    assert resumed.variant_state["s2l_po"]["served"] == 12
+    for (name, p), (_, q) in zip(full.model.named_parameters(), resumed.model.named_parameters(), strict=True):
+        assert torch.equal(p, q), name
+
+
+def test_official_group_sizes_change_the_gradient(tmp_path, teachers):  # noqa: F811
+    # a learner batch of groups of 2 (batch 2 of N = 3) against the same batch index with fixed groups of 4
+    grads = {}
+    for mode in ("fixed", "official"):
+        trainer = _s2l(tmp_path / mode, True, teachers["other"], s2l_po_anneal_steps=3, s2l_po_group_sizes=mode)
+        trainer.state.global_step = 2
+        _, grads[mode], inputs = one_step(trainer)
+        assert inputs["completion_ids"].size(0) == 8
+    assert grads_differ(grads["fixed"], grads["official"])
 
 
 def test_several_optimizer_steps_per_generation_batch(tmp_path, teachers):  # noqa: F811

@@ -30,6 +30,8 @@ def _settings(variant) -> dict:
         flags["gcpo_ref_column"] = "answer"
     if "sppo_value_model" in variant.params:  # SPPO's value model: the tiny model with a new scalar head
         flags["sppo_value_model"] = tiny_model_path()
+    if "s2l_po_explorer_model" in variant.params:  # S2L-PO's explorer: the tiny model itself
+        flags["s2l_po_explorer_model"] = tiny_model_path()
     return flags
 
 

@@ -161,6 +161,10 @@ class SamplingArgs:
         (the first only explorer, the last only learner), after which every batch is the policy's; N = 8 makes
         generation batches 0, 1, 3, 5, 7, 9, 11 explorer batches. 0 = no explorer batch (plain GRPO). See
         `trl_groupx/sampling/s2l_po.py`.
+    s2l_po_group_sizes (`str`, *optional*, defaults to `"official"`):
+        S2L-PO: `"official"` gives each generation batch the official anneal's rollouts per prompt (explorer 16, 14,
+        …, 3; learner 3, …, 16), scaled to `num_generations`, within TRL's row budget (prompts from a seeded
+        permutation; GRPO/GDPO advantages only); `"fixed"` keeps TRL's sampler and `num_generations` everywhere.
     sage_column (`str`, *optional*, defaults to `"solution"`):
         SAGE (`rollout_filter="sage"`): dataset column holding each prompt's reference solution, the privileged
         information the policy writes its hints from (never shown to reward functions or at evaluation).
@@ -433,6 +437,9 @@ class SamplingArgs:
     )
     s2l_po_anneal_steps: int = field(
         default=8, metadata={"help": "S2L-PO: official N, logical steps annealing explorer batches to none (0 = GRPO)."}
+    )
+    s2l_po_group_sizes: str = field(
+        default="official", metadata={"help": "S2L-PO: 'official' (annealed rollouts per prompt) or 'fixed'."}
     )
     sage_column: str = field(
         default="solution", metadata={"help": "SAGE: dataset column with the reference solution hints come from."}

@@ -52,27 +52,37 @@ from .group_layout import GroupLayout
 
 PromptSelectionFn = Callable[..., list[int]]
 _SELECTIONS: dict[str, PromptSelectionFn] = {}
+_ACTIVE_WHEN: dict[str, Callable[[Any], bool]] = {}
 
 
-def prompt_selection(variant_id: str) -> Callable[[PromptSelectionFn], PromptSelectionFn]:
+def prompt_selection(variant_id: str, when: Callable[[Any], bool] | None = None
+                     ) -> Callable[[PromptSelectionFn], PromptSelectionFn]:
     """Register `fn(state, num_prompts, dataset_size, *, seed, <config fields>) -> list[int]` as the prompt
     selection of rollout-filter variant `variant_id`. A selection that sizes each prompt's group returns
     `(indices, sizes)` instead: `Σ sizes = num_prompts × num_generations` rows, any number of prompts
     (`group_layout.py`). `fn` initialises `state` when empty and may update it (draw
-    counters); it must depend on nothing but its arguments, so that every process selects the same prompts."""
+    counters); it must depend on nothing but its arguments, so that every process selects the same prompts.
+    `when(config)`: the selection applies only when it is true (a variant that keeps TRL's sampler unless a flag asks
+    for its own group sizes, S2L-PO); by default always."""
 
     def decorator(fn: PromptSelectionFn) -> PromptSelectionFn:
         if variant_id in _SELECTIONS:
             raise ValueError(f"A prompt selection is already registered for {variant_id!r}.")
         _SELECTIONS[variant_id] = fn
+        if when is not None:
+            _ACTIVE_WHEN[variant_id] = when
         return fn
 
     return decorator
 
 
-def selection_for(variant_id: str | None) -> PromptSelectionFn | None:
-    """The prompt selection of a sampling variant, or `None` when it selects no prompts."""
-    return _SELECTIONS.get(variant_id) if variant_id is not None else None
+def selection_for(variant_id: str | None, config: Any = None) -> PromptSelectionFn | None:
+    """The prompt selection of a sampling variant, or `None` when it selects no prompts (or, given the run's
+    `config`, not under its flags)."""
+    fn = _SELECTIONS.get(variant_id) if variant_id is not None else None
+    if fn is not None and config is not None and not _ACTIVE_WHEN.get(variant_id, lambda _: True)(config):
+        return None
+    return fn
 
 
 class PromptSelectionSampler(Sampler[int]):
@@ -172,7 +182,7 @@ def build_train_sampler(trainer: Any, dataset: Any, default: Callable[[Any], Sam
     """`_get_train_sampler`: a `PromptSelectionSampler` when the run's sampling variant selects prompts, else
     `default(dataset)` (TRL's `RepeatSampler`)."""
     variant = getattr(trainer, "variants", {}).get("sampling")
-    selection = selection_for(getattr(variant, "id", None))
+    selection = selection_for(getattr(variant, "id", None), trainer.args)
     if selection is None:
         trainer._prompt_sampler = None
         return default(dataset)
@@ -185,7 +195,7 @@ def resolve_generation_batch(trainer: Any, generation_batch: Any) -> Any:
     """`_prepare_inputs`: on the calls where TRL is about to generate a training batch, the selected rows replace
     the placeholder rows; otherwise `generation_batch` unchanged."""
     variant = getattr(trainer, "variants", {}).get("sampling")
-    if not trainer.model.training or selection_for(getattr(variant, "id", None)) is None:
+    if not trainer.model.training or selection_for(getattr(variant, "id", None), trainer.args) is None:
         return generation_batch
     sampler = getattr(trainer, "_prompt_sampler", None)
     if sampler is None:

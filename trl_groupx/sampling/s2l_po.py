@@ -6,7 +6,9 @@ The generation change runs in the trainer: `GRPOTrainer._generate_single_turn` r
 generation through `generate_on_explorer_steps`, which puts the explorer in place of the trained model for TRL's own
 generator (`baseline_rollouts.generating_with_model`, the seam AAPO uses to sample from the reference model). The
 explorer is loaded once at trainer construction with dGRPO's loader of a frozen second model (`load_explorer`).
-This module registers the variant, validates its flags and holds the pure schedule.
+This module registers the variant, validates its flags and holds the pure schedule. With
+`s2l_po_group_sizes="official"` it also selects each batch's prompts and group sizes through the prompt-selection
+seam (`s2l_po_select`, the official rollouts per prompt of that batch).
 """
 
 from __future__ import annotations
@@ -16,13 +18,17 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..contracts import RolloutBatch
 from ..registry import register
+from .prompt_sampler import prompt_selection
 
 VARIANT_ID = "s2l_po"
 MODEL_FLAG = "s2l_po_explorer_model"
+GROUP_SIZES_FLAG = "s2l_po_group_sizes"
+GROUP_SIZE_MODES = ("official", "fixed")
 ANNEAL_FLAG = "s2l_po_anneal_steps"
 OFFICIAL = "qishisuren123/S2L-PO@68607d24ce17ebe72f64d488e835f249774607e3"
 #: Official `TOTAL_OFFLINE_SAMPLES` / `TOTAL_ROLLOUTS` (examples/s2l-po/off2on_4b_8b_16_8.sh l.27-28): samples per
@@ -82,6 +88,16 @@ def generation_batch_index(global_step: int, steps_per_batch: int) -> int:
     return global_step // steps_per_batch
 
 
+def batch_group_size(batch_index: int, anneal_steps: int, num_generations: int) -> int:
+    """Rollouts per prompt of generation batch `batch_index` under the official sizes (`s2l_po_group_sizes=
+    "official"`): the schedule's count `n_b` out of the official 16 (`official_schedule`; 16 after the anneal),
+    scaled to the run's group, `max(2, ⌈n_b · G / 16⌉)` (**choice**: the scale, and the floor of 2 that keeps a
+    group's advantage defined). With `G = 16` the official counts themselves."""
+    schedule = official_schedule(anneal_steps)
+    n = schedule[batch_index][1] if 0 <= batch_index < len(schedule) else OFFICIAL_SAMPLES_PER_PROMPT
+    return max(2, math.ceil(n * num_generations / OFFICIAL_SAMPLES_PER_PROMPT))
+
+
 def validate(config: Any) -> None:
     """Config-time checks: the anneal length, the explorer path's type, the generation path and the batch layout.
     A missing explorer and the tokenizer are checked at trainer construction (`load_explorer`)."""
@@ -97,6 +113,14 @@ def validate(config: Any) -> None:
         raise ValueError(f"rollout_filter={VARIANT_ID!r} generates its explorer batches with a second model through "
                          "transformers `generate`; TRL's vLLM engine holds the policy's weights only. Set "
                          "use_vllm=False.")
+    mode = getattr(config, GROUP_SIZES_FLAG)
+    if mode not in GROUP_SIZE_MODES:
+        raise ValueError(f"{GROUP_SIZES_FLAG}={mode!r}: use 'official' (each batch's rollouts per prompt follow the "
+                         "official anneal, scaled to num_generations) or 'fixed' (num_generations in every batch).")
+    if mode == "official":
+        from .group_layout import check_variable_groups
+
+        check_variable_groups(config, f"{GROUP_SIZES_FLAG}='official'")
     spg, iters, accum = config.steps_per_generation, config.num_iterations, config.gradient_accumulation_steps
     if (spg * iters) % accum != 0:
         raise ValueError(f"rollout_filter={VARIANT_ID!r} takes each generation batch's explorer/learner decision from "
@@ -112,13 +136,14 @@ def validate(config: Any) -> None:
           "project page https://qishisuren123.github.io/S2L-PO)",
     official_code=f"{OFFICIAL}:examples/s2l-po/off2on_4b_8b_16_8.sh",
     stage="sampling",
-    flags={"rollout_filter": VARIANT_ID, ANNEAL_FLAG: 8, "beta": 0.001},
+    flags={"rollout_filter": VARIANT_ID, ANNEAL_FLAG: 8, GROUP_SIZES_FLAG: "official", "beta": 0.001},
     needs=(f"an explorer model ({MODEL_FLAG}: a smaller causal LM of the policy's family with the same tokenizer), "
            "which generates the explorer batches",),
-    params=(MODEL_FLAG, ANNEAL_FLAG),
+    params=(MODEL_FLAG, ANNEAL_FLAG, GROUP_SIZES_FLAG),
+    stateful=True,
     validate=validate,
 )
-def s2l_po(batch: RolloutBatch) -> torch.Tensor:
+def s2l_po(batch: RolloutBatch, *, state: dict) -> torch.Tensor:
     r"""S2L-PO keeps every rollout: its change is who generates them (`keep` is all `True`, `(N,)`).
 
     Paper (catalog row `s2l_po`): a fixed smaller model of the same family supplies off-policy rollouts as
@@ -151,8 +176,15 @@ def s2l_po(batch: RolloutBatch) -> torch.Tensor:
 
     Choice (differences from the official code):
 
-    * The official group size follows the anneal (explorer batches 16, 14, 12, 10, 7, 5, 3 rollouts per prompt,
-      learner batches 3, 5, 7, 10, 12, 14 then 16); here every batch has `num_generations` (fixed by TRL's sampler).
+    * Group sizes. The official rollouts per prompt follow the anneal (explorer batches 16, 14, 12, 10, 7, 5, 3,
+      learner batches 3, 5, 7, 10, 12, 14 then 16) over a fixed 1024 prompts per batch. `s2l_po_group_sizes=
+      "official"` (the default) gives generation batch `b` groups of `batch_group_size(b)` rollouts (those counts
+      scaled to `num_generations`) within TRL's fixed row budget, so a batch of small groups holds more prompts
+      (**choice**: rows fixed, prompts vary; TRL's batch layout fixes the rows); the prompts come from one seeded
+      permutation of the dataset walked cyclically (`s2l_po_select`, the variable-group seam of
+      `prompt_sampler.py` / `group_layout.py`; **choice**), GRPO's advantages are taken group by group, and stages
+      that read fixed-size groups are refused at config time. `"fixed"` keeps TRL's sampler and `num_generations`
+      in every batch.
     * The official explorer rollouts are a pre-generated file (`/data/4B_rollout.jsonl`, one fixed sample set per
       prompt, sub-sampled or repeated to the step's count with seed 42, offline_rollout_dataset.py l.136-156) with
       precomputed rewards; here the frozen explorer samples fresh rollouts for the batch's prompts (same
@@ -162,7 +194,32 @@ def s2l_po(batch: RolloutBatch) -> torch.Tensor:
     * The catalog's reading (an explorer share inside every group, annealed 1→0, with behaviour log-probs) is not the
       official code and is not implemented: groups are never mixed.
     """
+    state["pending"] = torch.zeros(0, dtype=torch.int64)
     return torch.ones(batch.rewards.shape[0], dtype=torch.bool, device=batch.rewards.device)
+
+
+@prompt_selection(VARIANT_ID, when=lambda config: getattr(config, GROUP_SIZES_FLAG, None) == "official")
+def s2l_po_select(state: dict, num_prompts: int, dataset_size: int, trainer: Any = None, *, seed: int,
+                  num_generations: int, s2l_po_anneal_steps: int) -> tuple[list[int], list[int]]:
+    """The prompts and group sizes of the next generation batch under `s2l_po_group_sizes="official"`: groups of
+    `batch_group_size(b)` rollouts (the batch index `b` from the trainer's optimizer step, as `explorer_generates`)
+    filling `num_prompts × num_generations` rows (`sgpo.fill_row_budget`: the last group takes the rows left, a
+    single leftover row joins the previous group), prompts in the order of a NumPy permutation of the dataset
+    seeded `[seed]`, walked cyclically from `state["served"]`."""
+    from .sgpo import fill_row_budget
+
+    if "order" not in state:
+        order = np.random.default_rng([int(seed)]).permutation(dataset_size)
+        state.update(order=torch.from_numpy(order).to(torch.int64), served=0)
+    if state["order"].numel() != dataset_size:
+        raise ValueError(f"rollout_filter={VARIANT_ID!r} ordered {state['order'].numel()} prompts but the train "
+                         f"dataset has {dataset_size}; resume with the dataset the checkpoint was trained on.")
+    batch = current_batch_index(trainer) if trainer is not None else 0
+    size = batch_group_size(batch, s2l_po_anneal_steps, num_generations)
+    sizes = torch.full((dataset_size,), size, dtype=torch.int64)
+    prompts, group_sizes = fill_row_budget(state["order"], sizes, int(state["served"]), num_prompts * num_generations)
+    state["served"] = int(state["served"]) + len(prompts)
+    return prompts, group_sizes
 
 
 # ---- the explorer ---------------------------------------------------------------------------------------------------
@@ -217,12 +274,17 @@ def load_explorer(trainer: Any) -> torch.nn.Module | None:
     return load_frozen_model(trainer, path, flag=MODEL_FLAG, role="explorer", vocab_check=check_explorer_vocab)
 
 
-def explorer_generates(trainer: Any) -> bool:
-    """Whether the training generation batch starting now is an explorer batch (same answer on every process)."""
+def current_batch_index(trainer: Any) -> int:
+    """The 0-based index of the training generation batch starting now (same on every process)."""
     args = trainer.args
     per_batch = optimizer_steps_per_generation(args.steps_per_generation, trainer.num_iterations,
                                                args.gradient_accumulation_steps)
-    return is_explorer_batch(generation_batch_index(trainer.state.global_step, per_batch), getattr(args, ANNEAL_FLAG))
+    return generation_batch_index(trainer.state.global_step, per_batch)
+
+
+def explorer_generates(trainer: Any) -> bool:
+    """Whether the training generation batch starting now is an explorer batch (same answer on every process)."""
+    return is_explorer_batch(current_batch_index(trainer), getattr(trainer.args, ANNEAL_FLAG))
 
 
 def generate_on_explorer_steps(trainer: Any, generate: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -73,7 +73,7 @@ def test_generation_batch_index_from_global_step():
 def test_filter_keeps_every_rollout(rewards):
     # all-equal group, NaN reward, group size 1 and 2: nothing dropped, nothing read but the batch size
     batch = RolloutBatch(torch.tensor(rewards), torch.ones(len(rewards)), min(len(rewards), 4))
-    keep = s2l_po(batch)
+    keep = s2l_po(batch, state={})
     assert keep.dtype == torch.bool and keep.shape == (len(rewards),) and keep.all()
 
 
@@ -90,7 +90,7 @@ def test_explorer_vocab_check():
 
 def _config(**overrides):
     values = dict(s2l_po_anneal_steps=8, s2l_po_explorer_model="some/model", use_vllm=False, steps_per_generation=4,
-                  num_iterations=1, gradient_accumulation_steps=4)
+                  num_iterations=1, gradient_accumulation_steps=4, s2l_po_group_sizes="fixed")
     values.update(overrides)
     return SimpleNamespace(**values)
 
@@ -117,7 +117,8 @@ def test_registered_with_the_paper_defaults():
     assert variant.stage == "sampling" and variant.flags["s2l_po_anneal_steps"] == 8
     assert variant.flags["beta"] == 0.001  # official kl_loss_coef (low_var_kl = TRL's k3)
     assert variant.official_code.startswith("qishisuren123/S2L-PO@68607d24ce17ebe72f64d488e835f249774607e3:")
-    assert set(variant.params) == {"s2l_po_explorer_model", "s2l_po_anneal_steps"}
+    assert set(variant.params) == {"s2l_po_explorer_model", "s2l_po_anneal_steps", "s2l_po_group_sizes"}
+    assert variant.flags["s2l_po_group_sizes"] == "official" and variant.stateful
 
 
 def test_load_explorer_refusals_before_loading():
@@ -134,3 +135,40 @@ def test_load_explorer_refusals_before_loading():
         load_explorer(trainer(rollout_func=print))
     with pytest.raises(ValueError, match="cannot unwrap under DeepSpeed ZeRO-3. Use ZeRO-2, FSDP or DDP"):
         load_explorer(trainer(zero_stage=3))
+
+
+def test_batch_group_size_follows_the_official_counts_scaled_to_the_group():
+    from trl_groupx.sampling.s2l_po import batch_group_size
+
+    # N = 8: explorer 16, 14, (learner 3), 12, (5), 10, (7), 7, (10), 5, (12), 3, (14), learner 16 (hand-computed above)
+    counts = [n for _, n in official_schedule(8)]
+    assert [batch_group_size(b, 8, 16) for b in range(len(counts))] == counts  # G = 16: the official counts
+    # G = 4: ⌈n/4⌉ with a floor of 2: 16 → 4, 14 → ⌈3.5⌉ = 4, 3 → ⌈0.75⌉ = 1 → 2, 12 → 3, 5 → 2, 10 → ⌈2.5⌉ = 3, 7 → 2
+    assert [batch_group_size(b, 8, 4) for b in range(7)] == [4, 4, 2, 3, 2, 3, 2]
+    assert batch_group_size(99, 8, 4) == 4 and batch_group_size(0, 0, 4) == 4  # after the anneal / no anneal: G
+
+
+def test_select_fills_the_rows_with_the_batch_group_size():
+    from trl_groupx.sampling.s2l_po import s2l_po_select
+
+    state = {}
+    # no trainer: batch 0 (explorer 16 of 16 → G = 4): 8 rows = 2 prompts of a seeded permutation of 6 prompts
+    prompts, sizes = s2l_po_select(state, 2, 6, seed=0, num_generations=4, s2l_po_anneal_steps=3)
+    order = state["order"].tolist()
+    assert sorted(order) == list(range(6)) and prompts == order[:2] and sizes == [4, 4] and state["served"] == 2
+    with pytest.raises(ValueError, match="ordered 6 prompts but the train dataset has 7"):
+        s2l_po_select(state, 2, 7, seed=0, num_generations=4, s2l_po_anneal_steps=3)
+
+
+def test_official_group_sizes_refuse_stages_that_read_fixed_groups():
+    import trl_groupx
+
+    base = dict(output_dir="/tmp/unused", use_cpu=True, bf16=False, rollout_filter="s2l_po", num_generations=4,
+                per_device_train_batch_size=8, s2l_po_explorer_model="some/model")
+    assert trl_groupx.GRPOConfig(**base).s2l_po_group_sizes == "official"
+    with pytest.raises(ValueError, match="s2l_po_group_sizes='official' gives prompts groups of different sizes, but "
+                                         "advantage_estimator='rloo'"):
+        trl_groupx.GRPOConfig(**base, advantage_estimator="rloo")
+    assert trl_groupx.GRPOConfig(**base, advantage_estimator="rloo", s2l_po_group_sizes="fixed")
+    with pytest.raises(ValueError, match="s2l_po_group_sizes='random': use 'official'"):
+        trl_groupx.GRPOConfig(**base, s2l_po_group_sizes="random")
