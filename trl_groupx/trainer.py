@@ -371,8 +371,9 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
 
     def _variable_group_advantages(self, rewards: torch.Tensor, rewards_per_func: torch.Tensor, layout: Any,
                                    mode: str) -> torch.Tensor:
-        """Global `(N,)` advantages of a batch with variable group sizes (config-time checks leave TRL's two
-        advantage formulas only); TRL's `frac_reward_zero_std`, taken on fixed-size groups, is replaced."""
+        """Global `(N,)` advantages of a batch with variable group sizes: TRL's two formulas, or a group-local
+        advantage estimator (the config-time checks allow no other); TRL's `frac_reward_zero_std`, taken on
+        fixed-size groups, is replaced."""
         from .sampling.group_layout import (
             variable_group_decoupled_advantages,
             variable_group_normalized_advantages,
@@ -385,6 +386,16 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             zero_std[-1] = zero_std_fraction(rewards.cpu(), sizes)
         self._metrics[mode]["groupx/groups_per_batch"].append(float(sizes.numel()))
         self._metrics[mode]["groupx/group_size_mean"].append(sizes.double().mean().item())
+        variant = self.variants.get("advantages")
+        if variant is not None:  # a group-local estimator (config-time checked): group by group, each its own G
+            from .sampling.group_layout import per_group_advantages
+
+            result = per_group_advantages(lambda group, size: self._call(variant, group, size), rewards.cpu(), sizes)
+            advantages, keep = result if isinstance(result, tuple) else (result, None)
+            if not torch.isfinite(advantages).all():
+                raise ValueError(f"advantage_estimator={variant.id!r} returned non-finite advantages.")
+            advantages = advantages.to(rewards.device)
+            return advantages if keep is None else (advantages, keep.to(rewards.device))
         if self.multi_objective_aggregation == "normalize_then_sum":
             return variable_group_decoupled_advantages(rewards_per_func.cpu(), sizes,
                                                        reward_weights=self.reward_weights.cpu()).to(rewards.device)

@@ -194,6 +194,16 @@ def test_inverse_success_gradient_differs_from_fixed_groups(tmp_path, peft):
     assert grads_differ(fixed, inverse)
 
 
+def test_inverse_success_runs_a_group_local_estimator_group_by_group(tmp_path):
+    data, texts = _data()
+    trainer = ours(tmp_path, ScriptedReward(texts), data, group_size="inverse_success", advantage_estimator="rloo")
+    _, grads, _ = one_step(trainer)
+    # groups 1 1 | 1 1 | 1 1 | 1 0: RLOO's M/(M−1)·(r − mean) with M = 2 gives ±1 on the last group only
+    assert torch.allclose(torch.tensor(list(trainer._logs["advantages"])[-8:]),
+                          torch.tensor([0, 0, 0, 0, 0, 0, 1.0, -1.0]), atol=1e-6)
+    assert all(torch.isfinite(g).all() for g in grads.values())
+
+
 def test_inverse_success_composes_with_gmpo(tmp_path):
     data, texts = _data()
     _, grads, _ = one_step(ours(tmp_path / "grpo", ScriptedReward(texts), data, group_size="inverse_success"))

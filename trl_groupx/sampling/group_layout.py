@@ -16,11 +16,12 @@ use the layout wherever they would reshape by G:
 - the sampling filter sees `RolloutBatch.group_sizes`;
 - the advantages are GRPO's (or GDPO's `normalize_then_sum`), computed group by group
   (`variable_group_normalized_advantages`, `variable_group_decoupled_advantages`); with every size equal to G they
-  are TRL's numbers bit for bit (tested);
+  are TRL's numbers bit for bit (tested); an advantage estimator that only reads its own group's rewards
+  (`GROUP_LOCAL_ESTIMATORS`: RLOO, softmax, pass@k, MC-GRPO, …) runs group by group;
 - TRL's `frac_reward_zero_std` metric, computed on TRL's fixed-size view, is replaced by the true fraction.
 
-What does not take variable groups. Every other stage input that assumes `(N / G, G)`: advantage estimators,
-token-weight variants, objectives that read group structure (`group_structure`, SRPO's sibling routing) and
+What does not take variable groups. Every other stage input that assumes `(N / G, G)`: the other advantage
+estimators, token-weight variants, per-slot temperatures (`generation_temperatures`), objectives that read group structure (`group_structure`, SRPO's sibling routing) and
 Balanced Aggregation, EDGE-GRPO's GEC. `check_variable_groups` refuses them at config time, naming the flag that
 turns the variable sizes off. vLLM (which generates `num_generations` per unique prompt) is refused by the variants
 that use this seam.
@@ -28,7 +29,7 @@ that use this seam.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +42,36 @@ from ..registry import get_variant
 _TRL_STD_EPS = 1e-4
 # Objective requirements that read a row's group (ids or siblings) from the `(N / G, G)` layout.
 _GROUP_READING_REQUIREMENTS = ("group_structure", "self_teacher_topk")
+
+
+def _always(config: Any) -> bool:
+    return True
+
+
+#: Advantage estimators whose advantages for a group depend on that group's rewards alone (no batch statistic, no
+#: state, no per-slot meaning), with the config under which that holds: with variable groups they run group by group
+#: (`per_group_advantages`). `tests/unit/sampling/test_group_layout.py` checks each one: its advantages on a batch equal
+#: its advantages on each group of the batch.
+GROUP_LOCAL_ESTIMATORS: dict[str, Callable[[Any], bool]] = {
+    "rloo": _always, "softmax_grpo": _always, "std_dial": _always, "two_grpo": _always, "gopo": _always,
+    "grpo_passk": _always, "mc_grpo": _always, "sign_adv": _always, "mdp_grpo": _always,
+    "focal_tailmiss": lambda config: config.scale_rewards != "batch",  # its batch mode divides by the batch's std
+}
+
+
+def group_local(variant_id: str, config: Any) -> bool:
+    """Whether advantage estimator `variant_id` runs group by group under `config` (`GROUP_LOCAL_ESTIMATORS`)."""
+    return GROUP_LOCAL_ESTIMATORS.get(variant_id, lambda _: False)(config)
+
+
+def per_group_advantages(estimate: Callable[[torch.Tensor, int], Any], rewards: torch.Tensor, sizes: torch.Tensor
+                         ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """A group-local estimator over groups of sizes `G_1 … G_M`: `estimate(rewards_j, G_j)` on each group, the results
+    concatenated (and the keep masks, for an estimator that returns `(advantages, keep)`: MC-GRPO's pivot)."""
+    results = [estimate(group, group.shape[0]) for group in _per_group(rewards, sizes)]
+    if isinstance(results[0], tuple):
+        return torch.cat([r[0] for r in results]), torch.cat([r[1] for r in results])
+    return torch.cat(results)
 
 
 @dataclass(frozen=True)
@@ -159,11 +190,15 @@ def check_variable_groups(config: Any, switch: str) -> None:
     fix = f"set {switch.split('=')[0]} to its fixed-size value or drop"
     active = config.active_variants()
     for stage in ("advantages", "token_weights"):
-        if stage in active:
+        if stage in active and not (stage == "advantages" and group_local(active[stage], config)):
             variant = get_variant(active[stage])
             raise ValueError(f"{switch} gives prompts groups of different sizes, but {variant.selector}="
                              f"{variant.id!r} reads groups as (N / num_generations, num_generations) rows; {fix} "
-                             f"{variant.selector}. Variable groups train with GRPO's (or GDPO's) group advantages.")
+                             f"{variant.selector}. Variable groups train with GRPO's (or GDPO's) group advantages, "
+                             f"or an estimator that works group by group: {sorted(GROUP_LOCAL_ESTIMATORS)}.")
+    if getattr(config, "generation_temperatures", None):
+        raise ValueError(f"{switch} gives prompts groups of different sizes, but generation_temperatures assigns a "
+                         f"temperature to each slot of a num_generations group; {fix} generation_temperatures.")
     if "objective" in active:
         variant = get_variant(active["objective"])
         needs = sorted(set(variant.requires) & set(_GROUP_READING_REQUIREMENTS))

@@ -168,3 +168,50 @@ def test_pending_outcomes_per_selected_prompt_fixed_and_variable_groups():
     assert keep_all(fixed, "toy").tolist() == [True] * 6
     with pytest.raises(ValueError, match="rollout_filter='toy' got an infinite reward"):
         keep_all(RolloutBatch(torch.tensor([float("inf")]), torch.ones(1), 1), "toy")
+
+
+@pytest.mark.parametrize("variant_id", sorted(__import__("trl_groupx.sampling.group_layout", fromlist=["x"])
+                                              .GROUP_LOCAL_ESTIMATORS))
+def test_group_local_estimators_do_not_read_other_groups(variant_id):
+    """The declaration behind GROUP_LOCAL_ESTIMATORS: with the registry flags, an estimator's advantages on a batch
+    equal its advantages on each group alone (binary rewards with a NaN; G = 4 and G = 2)."""
+    from trl_groupx.contracts import config_kwargs
+    from trl_groupx.sampling.group_layout import group_local, per_group_advantages
+
+    variant = trl_groupx.get_variant(variant_id)
+    config = trl_groupx.GRPOConfig(output_dir="/tmp/unused", use_cpu=True, bf16=False, **variant.flags)
+    assert group_local(variant_id, config)
+    kwargs = config_kwargs(variant.fn, config)
+    generator = torch.Generator().manual_seed(0)
+    rewards = torch.randint(0, 2, (24,), generator=generator).float()
+    rewards[5] = NAN
+    for size in (4, 2):
+        whole = variant.fn(rewards, size, **kwargs)
+        split = per_group_advantages(lambda group, g: variant.fn(group, g, **kwargs), rewards,
+                                     _sizes(*[size] * (24 // size)))
+        if isinstance(whole, tuple):
+            assert torch.allclose(whole[0], split[0], atol=1e-6) and torch.equal(whole[1], split[1])
+        else:
+            assert torch.allclose(whole, split, atol=1e-6)
+
+
+def test_variable_groups_accept_group_local_estimators_only():
+    base = dict(output_dir="/tmp/unused", use_cpu=True, bf16=False, rollout_filter="sgpo", num_generations=4,
+                per_device_train_batch_size=8)
+    assert trl_groupx.GRPOConfig(**base, advantage_estimator="rloo").advantage_estimator == "rloo"
+    assert trl_groupx.GRPOConfig(**base, advantage_estimator="focal_tailmiss").advantage_estimator == "focal_tailmiss"
+    with pytest.raises(ValueError, match="advantage_estimator='focal_tailmiss' reads groups as"):
+        trl_groupx.GRPOConfig(**base, advantage_estimator="focal_tailmiss", scale_rewards="batch")
+    with pytest.raises(ValueError, match="advantage_estimator='gpg_valid_rescale' reads groups as .*'rloo'"):
+        trl_groupx.GRPOConfig(**base, advantage_estimator="gpg_valid_rescale")
+    with pytest.raises(ValueError, match="but generation_temperatures assigns a temperature to each slot"):
+        trl_groupx.GRPOConfig(**base, generation_temperatures=[0.7, 1.0, 1.0, 1.3])
+
+
+def test_per_group_advantages_by_hand():
+    from trl_groupx.advantages.rloo import rloo_advantages
+    from trl_groupx.sampling.group_layout import per_group_advantages
+
+    # RLOO: A_i = M/(M−1)·(r_i − mean): [1, 0, 0] → 3/2·(1 − 1/3) = 1, 3/2·(−1/3) = −0.5; [1, 1] → 0; [0, 2] → ∓2
+    adv = per_group_advantages(rloo_advantages, torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 2.0]), _sizes(3, 2, 2))
+    assert torch.allclose(adv, torch.tensor([1.0, -0.5, -0.5, 0.0, 0.0, -2.0, 2.0]))

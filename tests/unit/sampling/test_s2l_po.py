@@ -167,8 +167,9 @@ def test_official_group_sizes_refuse_stages_that_read_fixed_groups():
                 per_device_train_batch_size=8, s2l_po_explorer_model="some/model")
     assert trl_groupx.GRPOConfig(**base).s2l_po_group_sizes == "official"
     with pytest.raises(ValueError, match="s2l_po_group_sizes='official' gives prompts groups of different sizes, but "
-                                         "advantage_estimator='rloo'"):
-        trl_groupx.GRPOConfig(**base, advantage_estimator="rloo")
-    assert trl_groupx.GRPOConfig(**base, advantage_estimator="rloo", s2l_po_group_sizes="fixed")
+                                         "advantage_estimator='gpg_valid_rescale'"):
+        trl_groupx.GRPOConfig(**base, advantage_estimator="gpg_valid_rescale")
+    assert trl_groupx.GRPOConfig(**base, advantage_estimator="gpg_valid_rescale", s2l_po_group_sizes="fixed")
+    assert trl_groupx.GRPOConfig(**base, advantage_estimator="rloo")  # group-local: runs group by group
     with pytest.raises(ValueError, match="s2l_po_group_sizes='random': use 'official'"):
         trl_groupx.GRPOConfig(**base, s2l_po_group_sizes="random")

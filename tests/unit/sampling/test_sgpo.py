@@ -216,9 +216,10 @@ def test_group_size_flags_and_stages_that_read_fixed_groups_fail_at_construction
         ({"sgpo_max_group_size": 1}, "sgpo_max_group_size=1: use an integer ≥ 2"),
         ({"sgpo_max_group_size": True}, "sgpo_max_group_size=True"),
         ({"sgpo_group_size": "fixed", "sgpo_max_group_size": 8}, "only caps sgpo_group_size='inverse_success'"),
-        ({"advantage_estimator": "rloo"}, r"sgpo_group_size='inverse_success' gives prompts groups of different "
-                                          r"sizes, but advantage_estimator='rloo'.*set sgpo_group_size to its "
-                                          r"fixed-size value or drop advantage_estimator"),
+        ({"advantage_estimator": "gpg_valid_rescale"},
+         r"sgpo_group_size='inverse_success' gives prompts groups of different sizes, but "
+         r"advantage_estimator='gpg_valid_rescale'.*set sgpo_group_size to its fixed-size value or drop "
+         r"advantage_estimator"),
         ({"token_weighting": "gtpo_entropy"}, r"but token_weighting='gtpo_entropy' reads groups"),
         ({"loss_type": "gvpo", "beta": 0.1, "scale_rewards": "none"},
          r"but loss_type='gvpo' reads each rollout's group \(\['group_structure'\]\)"),
@@ -228,5 +229,6 @@ def test_group_size_flags_and_stages_that_read_fixed_groups_fail_at_construction
         with pytest.raises(ValueError, match=match):
             _config(**flags)
     # with fixed groups the same combinations are fine, and a group-agnostic objective composes with variable groups
-    assert _config(sgpo_group_size="fixed", advantage_estimator="rloo").advantage_estimator == "rloo"
+    assert _config(sgpo_group_size="fixed", advantage_estimator="gpg_valid_rescale").advantage_estimator
+    assert _config(advantage_estimator="rloo").advantage_estimator == "rloo"  # group-local: runs group by group
     assert _config(loss_type="gmpo").loss_type == "gmpo"
