@@ -120,6 +120,19 @@ def test_composes(tmp_path, flags):
         assert torch.allclose(inputs["ref_per_token_logps"][mask], current[mask], atol=1e-5)
 
 
+@pytest.mark.parametrize("layout", [{"steps_per_generation": 2, "gradient_accumulation_steps": 2},
+                                    {"num_iterations": 2}], ids=["two_micro_batches", "two_iterations"])
+def test_mixes_with_several_updates_per_generation_batch(tmp_path, layout):
+    # four prompts: 16 rows per generation batch with two micro-batches, every prompt revisited from the second batch
+    trainer = build_trainer(trl_groupx.GRPOTrainer, trl_groupx.GRPOConfig, tmp_path, rollout_filter="soup",
+                            dataset=arithmetic_dataset(4 if "steps_per_generation" in layout else 2, seed=0),
+                            shuffle_dataset=False, max_steps=4, **layout)
+    trainer.train()
+    mixed = [h["groupx/soup_mixed_rows"] for h in trainer.state.log_history if "groupx/soup_mixed_rows" in h]
+    assert mixed[0] == 0 and sum(mixed) > 0
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+
+
 def test_resume_mixes_the_checkpointed_prefixes_exactly(tmp_path):
     def run(path, resume=None):
         trainer = _trainer(path, rollout_filter="soup", max_steps=3, save_strategy="steps", save_steps=1)
