@@ -183,8 +183,10 @@ def s2l_po(batch: RolloutBatch, *, state: dict) -> torch.Tensor:
       (**choice**: rows fixed, prompts vary; TRL's batch layout fixes the rows); the prompts come from one seeded
       permutation of the dataset walked cyclically (`s2l_po_select`, the variable-group seam of
       `prompt_sampler.py` / `group_layout.py`; **choice**), GRPO's advantages are taken group by group, and stages
-      that read fixed-size groups are refused at config time. `"fixed"` keeps TRL's sampler and `num_generations`
-      in every batch.
+      that read fixed-size groups are refused at config time (group-local advantage estimators run group by
+      group). `"fixed"` keeps TRL's sampler and `num_generations` in every batch. State (official sizes only, saved
+      with every checkpoint): `served` (prompts walked), `dataset_size`, `pending` (the seam's record, cleared by
+      this filter); the permutation is derived from the seed.
     * The official explorer rollouts are a pre-generated file (`/data/4B_rollout.jsonl`, one fixed sample set per
       prompt, sub-sampled or repeated to the step's count with seed 42, offline_rollout_dataset.py l.136-156) with
       precomputed rewards; here the frozen explorer samples fresh rollouts for the batch's prompts (same
@@ -208,16 +210,15 @@ def s2l_po_select(state: dict, num_prompts: int, dataset_size: int, trainer: Any
     seeded `[seed]`, walked cyclically from `state["served"]`."""
     from .sgpo import fill_row_budget
 
-    if "order" not in state:
-        order = np.random.default_rng([int(seed)]).permutation(dataset_size)
-        state.update(order=torch.from_numpy(order).to(torch.int64), served=0)
-    if state["order"].numel() != dataset_size:
-        raise ValueError(f"rollout_filter={VARIANT_ID!r} ordered {state['order'].numel()} prompts but the train "
-                         f"dataset has {dataset_size}; resume with the dataset the checkpoint was trained on.")
+    state.setdefault("served", 0)
+    if state.setdefault("dataset_size", dataset_size) != dataset_size:
+        raise ValueError(f"rollout_filter={VARIANT_ID!r} walked a dataset of {state['dataset_size']} prompts but the "
+                         f"train dataset has {dataset_size}; resume with the dataset the checkpoint was trained on.")
+    order = torch.from_numpy(np.random.default_rng([int(seed)]).permutation(dataset_size))  # derived, not stored
     batch = current_batch_index(trainer) if trainer is not None else 0
     size = batch_group_size(batch, s2l_po_anneal_steps, num_generations)
     sizes = torch.full((dataset_size,), size, dtype=torch.int64)
-    prompts, group_sizes = fill_row_budget(state["order"], sizes, int(state["served"]), num_prompts * num_generations)
+    prompts, group_sizes = fill_row_budget(order, sizes, int(state["served"]), num_prompts * num_generations)
     state["served"] = int(state["served"]) + len(prompts)
     return prompts, group_sizes
 

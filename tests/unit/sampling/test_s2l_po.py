@@ -4,6 +4,7 @@ batch index from global_step, the all-keeping filter, the explorer vocabulary ch
 import math
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -154,9 +155,10 @@ def test_select_fills_the_rows_with_the_batch_group_size():
     state = {}
     # no trainer: batch 0 (explorer 16 of 16 → G = 4): 8 rows = 2 prompts of a seeded permutation of 6 prompts
     prompts, sizes = s2l_po_select(state, 2, 6, seed=0, num_generations=4, s2l_po_anneal_steps=3)
-    order = state["order"].tolist()
-    assert sorted(order) == list(range(6)) and prompts == order[:2] and sizes == [4, 4] and state["served"] == 2
-    with pytest.raises(ValueError, match="ordered 6 prompts but the train dataset has 7"):
+    order = np.random.default_rng([0]).permutation(6).tolist()  # the walk's order, derived from the seed
+    assert prompts == order[:2] and sizes == [4, 4] and state == {"served": 2, "dataset_size": 6}
+    assert s2l_po_select(state, 2, 6, seed=0, num_generations=4, s2l_po_anneal_steps=3) == (order[2:4], [4, 4])
+    with pytest.raises(ValueError, match="walked a dataset of 6 prompts but the train dataset has 7"):
         s2l_po_select(state, 2, 7, seed=0, num_generations=4, s2l_po_anneal_steps=3)
 
 
