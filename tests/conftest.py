@@ -79,6 +79,13 @@ def one_step(trainer, seed: int = 0):
     return loss.detach(), grads, inputs
 
 
+def assert_same_weights(a, b) -> None:
+    """Every parameter of trainer `a`'s model equals trainer `b`'s, bit for bit (a resumed run against the
+    uninterrupted one, a no-op flag against plain TRL)."""
+    for (name, p), (_, q) in zip(a.model.named_parameters(), b.model.named_parameters(), strict=True):
+        assert torch.equal(p, q), f"{name} differs"
+
+
 def grads_differ(a: dict, b: dict, atol: float = 1e-7) -> bool:
     assert a.keys() == b.keys()
     return any(not torch.allclose(a[k], b[k], atol=atol, rtol=0) for k in a)

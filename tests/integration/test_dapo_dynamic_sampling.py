@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import trl_groupx
-from tests.conftest import build_trainer, grads_differ, one_step
+from tests.conftest import assert_same_weights, build_trainer, grads_differ, one_step
 from trl_groupx.sampling.dapo_dynamic_sampling import draw_refill_indices
 from trl_groupx.toy import arithmetic_dataset
 from trl_groupx.trainer import VARIANT_STATE_NAME
@@ -161,8 +161,7 @@ def test_checkpoint_resume_continues_the_refill_source_exactly(tmp_path):
     resumed, resumed_reward = run(tmp_path / "resumed", resume=str(tmp_path / "full" / "checkpoint-2"))
     assert resumed.variant_state == full.variant_state
     assert resumed_reward.calls == full_reward.calls[-2:]  # step 3: same batch prompts, same refill prompts
-    for (name, p), (_, q) in zip(full.model.named_parameters(), resumed.model.named_parameters()):
-        assert torch.equal(p, q), name
+    assert_same_weights(full, resumed)
 
 
 def test_evaluation_neither_refills_nor_advances_the_source(tmp_path):

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import trl_groupx
-from tests.conftest import build_trainer, grads_differ, one_step
+from tests.conftest import assert_same_weights, build_trainer, grads_differ, one_step
 from tests.integration.test_hapo import record_token_stage
 from trl_groupx.token_weights.dcpo import dcpo_token_advantages
 from trl_groupx.token_weights.tempered_logps import per_token_logps_at_temperatures
@@ -123,5 +123,4 @@ def test_dcpo_resume_continues_exactly(tmp_path):
     resumed = _run(tmp_path / "resumed")
     resumed.train(resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-2"))
     assert resumed.variant_state["dcpo"] == full.variant_state["dcpo"]
-    for (name, p), (_, q) in zip(full.model.named_parameters(), resumed.model.named_parameters()):
-        assert torch.equal(p, q), name
+    assert_same_weights(full, resumed)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import trl_groupx
-from tests.conftest import build_trainer, grads_differ, one_step
+from tests.conftest import assert_same_weights, build_trainer, grads_differ, one_step
 from trl_groupx.advantages.ebpo import ebpo_advantages
 from trl_groupx.trainer import VARIANT_STATE_NAME
 
@@ -52,5 +52,4 @@ def test_ebpo_resume_continues_exactly(tmp_path):
     assert other.keys() == state.keys()
     for key in state:
         assert torch.equal(torch.as_tensor(other[key]), torch.as_tensor(state[key])), key
-    for (name, p), (_, q) in zip(full.model.named_parameters(), resumed.model.named_parameters()):
-        assert torch.equal(p, q), name
+    assert_same_weights(full, resumed)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import trl_groupx
-from tests.conftest import build_trainer, grads_differ, one_step
+from tests.conftest import assert_same_weights, build_trainer, grads_differ, one_step
 from tests.integration.test_sgpo import SUCCESSES, ScriptedReward
 from tests.integration.torchrun import launch, needs_torchrun
 from trl_groupx.toy import arithmetic_dataset
@@ -105,8 +105,7 @@ def test_resume_continues_exactly_without_profiling_again(tmp_path):
     assert saved["order"].tolist() == STREAM and saved["served"] == 4
     resumed, resumed_reward = run(tmp_path / "resumed", resume=str(tmp_path / "full" / "checkpoint-2"))
     assert resumed_reward.calls == full_reward.calls[-1:]  # no profiling calls; step 3's prompts: 4, then 1
-    for (name, p), (_, q) in zip(full.model.named_parameters(), resumed.model.named_parameters(), strict=True):
-        assert torch.equal(p, q), name
+    assert_same_weights(full, resumed)
 
 
 @needs_torchrun

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import trl_groupx
-from tests.conftest import build_trainer, grads_differ, one_step
+from tests.conftest import assert_same_weights, build_trainer, grads_differ, one_step
 from trl_groupx.toy import arithmetic_dataset
 from trl_groupx.trainer import VARIANT_STATE_NAME
 
@@ -173,8 +173,7 @@ def test_resume_continues_exactly(tmp_path):
     assert a["buffer"]["advantages"] == b["buffer"]["advantages"]
     for name in ("prompt_ids", "completion_ids", "logps"):
         assert all(torch.equal(x, y) for x, y in zip(a["buffer"][name], b["buffer"][name], strict=True)), name
-    for (name, p), (_, q) in zip(full.model.named_parameters(), resumed.model.named_parameters(), strict=True):
-        assert torch.equal(p, q), name
+    assert_same_weights(full, resumed)
 
 
 def test_truncated_and_unscored_extra_rollouts_are_not_appended(tmp_path):

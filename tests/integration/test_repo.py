@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import trl_groupx
-from tests.conftest import build_trainer, grads_differ, one_step
+from tests.conftest import assert_same_weights, build_trainer, grads_differ, one_step
 from trl_groupx.advantages._prompt_keys import prompt_keys_from_ids
 from trl_groupx.toy import arithmetic_dataset
 from trl_groupx.trainer import VARIANT_STATE_NAME
@@ -147,8 +147,7 @@ def test_resume_continues_exactly(tmp_path):
     for key in a["prompts"]:
         for name in ("completion_ids", "logps", "lengths", "rewards"):
             assert torch.equal(a["prompts"][key][name], b["prompts"][key][name]), (key, name)
-    for (name, p), (_, q) in zip(full.model.named_parameters(), resumed.model.named_parameters(), strict=True):
-        assert torch.equal(p, q), name
+    assert_same_weights(full, resumed)
 
 
 def _unscored_parity(completions, **kwargs):

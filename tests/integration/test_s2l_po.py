@@ -8,7 +8,7 @@ construction errors."""
 import pytest
 import torch
 
-from tests.conftest import base_config_kwargs, grads_differ, one_step
+from tests.conftest import assert_same_weights, base_config_kwargs, grads_differ, one_step
 from tests.integration.objective_helpers import current_logps, ours
 from tests.integration.test_dgrpo import teachers  # noqa: F401  (fixture: local perturbed / mismatched models)
 from trl_groupx import GRPOConfig
@@ -152,8 +152,7 @@ def test_official_group_sizes_follow_the_anneal_and_resume(tmp_path, teachers): 
     resumed = _s2l(tmp_path / "resumed", False, teachers["other"], **flags)
     resumed.train(resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-2"))
     assert resumed.variant_state["s2l_po"]["served"] == 12
-    for (name, p), (_, q) in zip(full.model.named_parameters(), resumed.model.named_parameters(), strict=True):
-        assert torch.equal(p, q), name
+    assert_same_weights(full, resumed)
 
 
 def test_official_group_sizes_change_the_gradient(tmp_path, teachers):  # noqa: F811

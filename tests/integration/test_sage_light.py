@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import trl_groupx.sampling.self_hints as self_hints
-from tests.conftest import grads_differ, one_step
+from tests.conftest import assert_same_weights, grads_differ, one_step
 from tests.integration.test_sage import SHORT, ScriptedReward, TaggedLevels, _template_ids, _user, ours
 from trl_groupx.sampling.sage import LIGHT_STATE_KEY, prompt_digest
 from trl_groupx.toy import arithmetic_dataset
@@ -117,5 +117,4 @@ def test_resume_continues_exactly(tmp_path, tagged):
     resumed = run(tmp_path / "resumed", str(checkpoint))
     assert resumed.variant_state[LIGHT_STATE_KEY] == full.variant_state[LIGHT_STATE_KEY]
     assert _logged(resumed, "groupx/sage_hinted_level_2")[-1] == 1.0
-    for (name, p), (_, q) in zip(full.model.named_parameters(), resumed.model.named_parameters(), strict=True):
-        assert torch.equal(p, q), name
+    assert_same_weights(full, resumed)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import trl_groupx
-from tests.conftest import build_trainer, grads_differ, one_step
+from tests.conftest import assert_same_weights, build_trainer, grads_differ, one_step
 from tests.integration.torchrun import launch, needs_torchrun
 from trl_groupx.toy import arithmetic_dataset
 from trl_groupx.trainer import VARIANT_STATE_NAME
@@ -129,8 +129,7 @@ def test_resume_continues_exactly_without_profiling_again(tmp_path):
     for key in ("p_hat", "order"):
         assert torch.equal(resumed.variant_state["sgpo"][key], full.variant_state["sgpo"][key])
     assert resumed.variant_state["sgpo"]["served"] == full.variant_state["sgpo"]["served"] == 6
-    for (name, p), (_, q) in zip(full.model.named_parameters(), resumed.model.named_parameters(), strict=True):
-        assert torch.equal(p, q), name
+    assert_same_weights(full, resumed)
 
 
 @needs_torchrun
@@ -228,8 +227,7 @@ def test_inverse_success_resume_continues_exactly(tmp_path):
     resumed, resumed_reward = run(tmp_path / "resumed", resume=str(tmp_path / "full" / "checkpoint-2"))
     assert resumed_reward.calls == full_reward.calls[-1:] == INVERSE_BATCHES[-1:]
     assert resumed.variant_state["sgpo"]["served"] == full.variant_state["sgpo"]["served"] == 10
-    for (name, p), (_, q) in zip(full.model.named_parameters(), resumed.model.named_parameters(), strict=True):
-        assert torch.equal(p, q), name
+    assert_same_weights(full, resumed)
 
 
 @needs_torchrun

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import trl_groupx
-from tests.conftest import build_trainer, grads_differ, one_step, parity_reward
+from tests.conftest import assert_same_weights, build_trainer, grads_differ, one_step, parity_reward
 from tests.integration.torchrun import launch, needs_torchrun
 from trl_groupx.toy import arithmetic_dataset
 
@@ -85,8 +85,7 @@ def test_fraction_zero_trains_exactly_as_grpo(tmp_path):
     plain.train()
     zero = _trainer(tmp_path / "soup", rollout_filter="soup", soup_prefix_fraction=0.0, max_steps=3)
     zero.train()
-    for (name, p), (_, q) in zip(plain.model.named_parameters(), zero.model.named_parameters(), strict=True):
-        assert torch.equal(p, q), name
+    assert_same_weights(plain, zero)
     assert zero.variant_state["soup"] == {}  # nothing stored, nothing mixed
 
 
@@ -146,8 +145,7 @@ def test_resume_mixes_the_checkpointed_prefixes_exactly(tmp_path):
     a, b = full.variant_state["soup"]["prompts"], resumed.variant_state["soup"]["prompts"]
     assert a.keys() == b.keys() and all(
         all(torch.equal(x, y) for x, y in zip(a[k][f], b[k][f], strict=True)) for k in a for f in ("ids", "logps"))
-    for (name, p), (_, q) in zip(full.model.named_parameters(), resumed.model.named_parameters(), strict=True):
-        assert torch.equal(p, q), name
+    assert_same_weights(full, resumed)
 
 
 @needs_torchrun

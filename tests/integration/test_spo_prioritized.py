@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import trl_groupx
-from tests.conftest import build_trainer, grads_differ, one_step, parity_reward
+from tests.conftest import assert_same_weights, build_trainer, grads_differ, one_step, parity_reward
 from tests.integration.torchrun import launch, needs_torchrun
 from trl_groupx.sampling.spo_prioritized import dataset_prompt_keys, spo_priority_draw
 from trl_groupx.toy import arithmetic_dataset
@@ -106,8 +106,7 @@ def test_resume_continues_exactly(tmp_path):
     assert resumed.variant_state["spo_prioritized"]["draws"] == full.variant_state["spo_prioritized"]["draws"] == 3
     for key in ("keys", "values"):
         assert torch.equal(resumed.variant_state["spo_single"][key], full.variant_state["spo_single"][key])
-    for (name, p), (_, q) in zip(full.model.named_parameters(), resumed.model.named_parameters()):
-        assert torch.equal(p, q), name
+    assert_same_weights(full, resumed)
 
 
 @needs_torchrun

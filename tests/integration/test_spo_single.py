@@ -10,7 +10,7 @@ import torch
 from datasets import concatenate_datasets
 
 import trl_groupx
-from tests.conftest import build_trainer, grads_differ, one_step
+from tests.conftest import assert_same_weights, build_trainer, grads_differ, one_step
 from tests.integration.torchrun import launch, needs_torchrun
 from trl_groupx.advantages import _prompt_keys
 from trl_groupx.advantages._prompt_keys import prompt_keys_from_ids
@@ -119,8 +119,7 @@ def test_spo_single_resume_continues_exactly(tmp_path):
     resumed.train(resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-2"))
     other = resumed.variant_state["spo_single"]
     assert torch.equal(other["keys"], state["keys"]) and torch.equal(other["values"], state["values"])
-    for (name, p), (_, q) in zip(full.model.named_parameters(), resumed.model.named_parameters()):
-        assert torch.equal(p, q), name
+    assert_same_weights(full, resumed)
 
 
 @needs_torchrun

@@ -12,7 +12,7 @@ import torch
 from datasets import concatenate_datasets
 
 import trl_groupx
-from tests.conftest import build_trainer, parity_reward
+from tests.conftest import assert_same_weights, build_trainer, parity_reward
 from tests.integration.torchrun import launch, needs_torchrun
 from trl_groupx.advantages import prompt_kl as prompt_kl_module
 from trl_groupx.advantages.spo_single import spo_single_advantages
@@ -124,8 +124,7 @@ def test_kl_resume_continues_exactly(tmp_path):
     for key, entry in final.items():
         for name, tensor in entry.items():
             assert torch.equal(resumed.variant_state[STORE][key][name], tensor), (key, name)
-    for (name, p), (_, q) in zip(full.model.named_parameters(), resumed.model.named_parameters()):
-        assert torch.equal(p, q), name
+    assert_same_weights(full, resumed)
 
 
 @needs_torchrun

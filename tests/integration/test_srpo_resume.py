@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
+from tests.conftest import assert_same_weights
 from tests.integration.objective_helpers import ours
 from trl_groupx.objective.self_teacher import STATE_KEY, TEACHER_ADAPTER
 from trl_groupx.trainer import VARIANT_STATE_NAME
@@ -78,8 +79,7 @@ def test_resumed_teacher_equals_the_uninterrupted_one(tmp_path, peft):
     _assert_equal(record.at_begin[2], full_steps[2], "teacher when the resumed step begins")
     _assert_equal(resumed_steps[3], full_steps[3], "teacher after the resumed step")
     _assert_equal(resumed._self_teacher.state["weights"], full._self_teacher.state["weights"], "saved state")
-    for (name, p), (_, q) in zip(full.model.named_parameters(), resumed.model.named_parameters(), strict=True):
-        assert torch.equal(p, q), f"policy {name} differs after resuming"
+    assert_same_weights(full, resumed)
 
 
 def test_a_checkpoint_without_the_teacher_keeps_the_live_one_and_saves_it_again(tmp_path):

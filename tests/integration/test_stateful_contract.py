@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import trl_groupx
-from tests.conftest import build_trainer
+from tests.conftest import assert_same_weights, build_trainer
 from trl_groupx.toy import tiny_model_path
 from trl_groupx.trainer import VARIANT_STATE_NAME
 
@@ -74,8 +74,7 @@ def test_resume_continues_exactly(tmp_path, variant_id):
     assert resumed.state.global_step == full.state.global_step == 3
     for key in keys:
         _assert_same_state(full.variant_state[key], resumed.variant_state[key], key)
-    for (name, p), (_, q) in zip(full.model.named_parameters(), resumed.model.named_parameters(), strict=True):
-        assert torch.equal(p, q), f"{variant_id}: {name} differs after resuming"
+    assert_same_weights(full, resumed)
 
 
 @pytest.mark.parametrize("variant_id", STATEFUL)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import trl_groupx
-from tests.conftest import build_trainer, grads_differ, one_step, parity_reward
+from tests.conftest import assert_same_weights, build_trainer, grads_differ, one_step, parity_reward
 from tests.integration.torchrun import launch, needs_torchrun
 from trl_groupx.sampling.vade import select_most_informative, thompson_variance_scores
 from trl_groupx.toy import arithmetic_dataset
@@ -114,8 +114,7 @@ def test_resume_continues_exactly(tmp_path):
     for key in ("alpha", "beta"):
         assert torch.equal(resumed.variant_state["vade"][key], full.variant_state["vade"][key])
     assert resumed.variant_state["vade"]["draws"] == full.variant_state["vade"]["draws"] == 3
-    for (name, p), (_, q) in zip(full.model.named_parameters(), resumed.model.named_parameters()):
-        assert torch.equal(p, q), name
+    assert_same_weights(full, resumed)
 
 
 @needs_torchrun

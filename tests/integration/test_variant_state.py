@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import trl_groupx
-from tests.conftest import build_trainer
+from tests.conftest import assert_same_weights, build_trainer
 from trl_groupx.registry import register, scoped_variants
 from trl_groupx.trainer import VARIANT_STATE_NAME
 
@@ -43,8 +43,7 @@ def test_state_is_saved_and_resume_continues_exactly(tmp_path, stateful_variant)
     a, b = full.variant_state["test_running_baseline"], resumed.variant_state["test_running_baseline"]
     assert a["calls"] == b["calls"] == 3
     assert torch.equal(a["baseline"], b["baseline"])
-    for (name, p), (_, q) in zip(full.model.named_parameters(), resumed.model.named_parameters()):
-        assert torch.equal(p, q), name
+    assert_same_weights(full, resumed)
 
 
 def test_resuming_from_a_checkpoint_without_state_is_an_error(tmp_path, stateful_variant):
