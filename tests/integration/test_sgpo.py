@@ -203,6 +203,15 @@ def test_inverse_success_runs_a_group_local_estimator_group_by_group(tmp_path):
     assert all(torch.isfinite(g).all() for g in grads.values())
 
 
+def test_inverse_success_runs_a_group_agnostic_token_weighting(tmp_path):
+    data, texts = _data()
+    _, plain, _ = one_step(ours(tmp_path / "plain", ScriptedReward(texts), data, group_size="inverse_success"))
+    trainer = ours(tmp_path / "lopti", ScriptedReward(texts), data, group_size="inverse_success",
+                   token_weighting="lopti")
+    _, grads, _ = one_step(trainer)
+    assert all(torch.isfinite(g).all() for g in grads.values()) and grads_differ(plain, grads)
+
+
 def test_inverse_success_composes_with_gmpo(tmp_path):
     data, texts = _data()
     _, grads, _ = one_step(ours(tmp_path / "grpo", ScriptedReward(texts), data, group_size="inverse_success"))

@@ -21,7 +21,8 @@ use the layout wherever they would reshape by G:
 - TRL's `frac_reward_zero_std` metric, computed on TRL's fixed-size view, is replaced by the true fraction.
 
 What does not take variable groups. Every other stage input that assumes `(N / G, G)`: the other advantage
-estimators, token-weight variants, per-slot temperatures (`generation_temperatures`), objectives that read group structure (`group_structure`, SRPO's sibling routing) and
+estimators, the token-weight variants that read groups (those that do not, `GROUP_AGNOSTIC_TOKEN_WEIGHTS`, run
+unchanged), per-slot temperatures (`generation_temperatures`), objectives that read group structure (`group_structure`, SRPO's sibling routing) and
 Balanced Aggregation, EDGE-GRPO's GEC. `check_variable_groups` refuses them at config time, naming the flag that
 turns the variable sizes off. vLLM (which generates `num_generations` per unique prompt) is refused by the variants
 that use this seam.
@@ -56,6 +57,17 @@ GROUP_LOCAL_ESTIMATORS: dict[str, Callable[[Any], bool]] = {
     "rloo": _always, "softmax_grpo": _always, "std_dial": _always, "two_grpo": _always, "gopo": _always,
     "grpo_passk": _always, "mc_grpo": _always, "sign_adv": _always, "mdp_grpo": _always,
     "focal_tailmiss": lambda config: config.scale_rewards != "batch",  # its batch mode divides by the batch's std
+}
+
+
+#: Token-weight variants that never read a row's group (they check only that the batch splits into groups of
+#: `num_generations`, which a variable-group batch of `generation_batch_size` rows still does), with the config under
+#: which that holds: with variable groups they run unchanged. `tests/unit/sampling/test_group_layout.py` checks that
+#: their output does not change with the group size they are told.
+GROUP_AGNOSTIC_TOKEN_WEIGHTS: dict[str, Callable[[Any], bool]] = {
+    "frpo": _always, "lopti": _always, "mu_grpo": _always, "stapo": _always, "d3s_token": _always, "nat": _always,
+    "temporal_credit": _always,
+    "wapo": lambda config: not config.wapo_positive_group_scale,  # its scale counts the groups with a positive row
 }
 
 
@@ -189,13 +201,16 @@ def check_variable_groups(config: Any, switch: str) -> None:
     (e.g. `"sgpo_group_size='inverse_success'"`) and appears in every message as the way out."""
     fix = f"set {switch.split('=')[0]} to its fixed-size value or drop"
     active = config.active_variants()
+    allowed = {"advantages": group_local,
+               "token_weights": lambda vid, cfg: GROUP_AGNOSTIC_TOKEN_WEIGHTS.get(vid, lambda _: False)(cfg)}
     for stage in ("advantages", "token_weights"):
-        if stage in active and not (stage == "advantages" and group_local(active[stage], config)):
+        if stage in active and not allowed[stage](active[stage], config):
             variant = get_variant(active[stage])
             raise ValueError(f"{switch} gives prompts groups of different sizes, but {variant.selector}="
                              f"{variant.id!r} reads groups as (N / num_generations, num_generations) rows; {fix} "
                              f"{variant.selector}. Variable groups train with GRPO's (or GDPO's) group advantages, "
-                             f"or an estimator that works group by group: {sorted(GROUP_LOCAL_ESTIMATORS)}.")
+                             f"an estimator that works group by group ({sorted(GROUP_LOCAL_ESTIMATORS)}) and token "
+                             f"weights that read no group ({sorted(GROUP_AGNOSTIC_TOKEN_WEIGHTS)}).")
     if getattr(config, "generation_temperatures", None):
         raise ValueError(f"{switch} gives prompts groups of different sizes, but generation_temperatures assigns a "
                          f"temperature to each slot of a num_generations group; {fix} generation_temperatures.")

@@ -215,3 +215,47 @@ def test_per_group_advantages_by_hand():
     # RLOO: A_i = M/(M−1)·(r_i − mean): [1, 0, 0] → 3/2·(1 − 1/3) = 1, 3/2·(−1/3) = −0.5; [1, 1] → 0; [0, 2] → ∓2
     adv = per_group_advantages(rloo_advantages, torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 2.0]), _sizes(3, 2, 2))
     assert torch.allclose(adv, torch.tensor([1.0, -0.5, -0.5, 0.0, 0.0, -2.0, 2.0]))
+
+
+@pytest.mark.parametrize("variant_id", sorted(__import__("trl_groupx.sampling.group_layout", fromlist=["x"])
+                                              .GROUP_AGNOSTIC_TOKEN_WEIGHTS))
+def test_group_agnostic_token_weights_do_not_read_the_group_size(variant_id):
+    """The declaration behind GROUP_AGNOSTIC_TOKEN_WEIGHTS: told groups of 4, 2 or 8 over the same rows, the variant
+    returns the same token advantages (conflicting rows in one group, so a variant that compared rows would move)."""
+    from trl_groupx.contracts import TokenContext, config_kwargs
+    from trl_groupx.sampling.group_layout import GROUP_AGNOSTIC_TOKEN_WEIGHTS
+
+    variant = trl_groupx.get_variant(variant_id)
+    flags = {**variant.flags, "wapo_positive_group_scale": False} if variant_id == "wapo" else variant.flags
+    config = trl_groupx.GRPOConfig(output_dir="/tmp/unused", use_cpu=True, bf16=False, **flags)
+    assert GROUP_AGNOSTIC_TOKEN_WEIGHTS[variant_id](config)
+    kwargs = config_kwargs(variant.fn, config)
+    if "global_step" in variant.requires:
+        kwargs.update(global_step=3, total_steps=10)
+    generator = torch.Generator().manual_seed(0)
+    n, t = 8, 5
+    mask = torch.ones(n, t)
+    mask[1, 3:] = 0
+    mask[5] = 0  # an empty completion
+    ids = torch.randint(0, 3, (n, t), generator=generator)
+    ids[1] = ids[0]  # the same tokens in a positive and a negative row
+    logps = -torch.rand(n, t, generator=generator)
+    rewards = torch.tensor([1.0, 0.0, 1.0, NAN, 0.0, 1.0, 0.0, 0.0])
+    entropies = torch.rand(n, t, generator=generator) * 2
+    advantages = torch.tensor([1.0, -1.0, 0.5, 0.0, -0.5, 0.7, -0.2, 0.3])
+    outs = [variant.fn(advantages.clone(), TokenContext(mask, g, entropies=entropies, logps=logps,
+                                                         ref_logps=logps - 0.1, rewards=rewards, completion_ids=ids),
+                       **kwargs) for g in (4, 2, 8)]
+    assert all(torch.allclose(outs[0], o, atol=1e-6) for o in outs[1:])
+
+
+def test_variable_groups_accept_group_agnostic_token_weights_only():
+    base = dict(output_dir="/tmp/unused", use_cpu=True, bf16=False, rollout_filter="sgpo", num_generations=4,
+                per_device_train_batch_size=8)
+    assert trl_groupx.GRPOConfig(**base, token_weighting="lopti").token_weighting == "lopti"
+    with pytest.raises(ValueError, match="but token_weighting='wapo' reads groups"):
+        trl_groupx.GRPOConfig(**base, token_weighting="wapo", scale_rewards="none")  # its paper default counts groups
+    assert trl_groupx.GRPOConfig(**base, token_weighting="wapo", scale_rewards="none",
+                                 wapo_positive_group_scale=False).token_weighting == "wapo"
+    with pytest.raises(ValueError, match="but token_weighting='gtpo_conflict' reads groups"):
+        trl_groupx.GRPOConfig(**base, token_weighting="gtpo_conflict")
