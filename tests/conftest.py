@@ -79,6 +79,16 @@ def one_step(trainer, seed: int = 0):
     return loss.detach(), grads, inputs
 
 
+def generate_first_batch(trainer):
+    """TRL's generation and scoring (with the run's stages) of the train dataloader's first batch, seeded, before
+    TRL shuffles and splits it: returns `(rows, output)`."""
+    trainer.model.train()
+    torch.manual_seed(0)
+    batch = next(iter(trainer.get_train_dataloader()))
+    torch.manual_seed(0)
+    return batch, trainer._generate_and_score_completions(batch)
+
+
 def assert_same_weights(a, b) -> None:
     """Every parameter of trainer `a`'s model equals trainer `b`'s, bit for bit (a resumed run against the
     uninterrupted one, a no-op flag against plain TRL)."""

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import trl_groupx
-from tests.conftest import build_trainer, grads_differ, one_step
-from tests.integration.test_gcpo_ref import DATASET, _generate, _reward
+from tests.conftest import build_trainer, generate_first_batch, grads_differ, one_step
+from tests.integration.test_gcpo_ref import DATASET, _reward
 from trl_groupx.advantages.dagrpo import dagrpo_advantages, register_dagrpo_scorer
 
 G = 4  # conftest: num_generations 4, per_device_train_batch_size 8 -> 2 groups
@@ -67,7 +67,7 @@ def test_indistinct_pair_is_masked_and_gradient_differs(tmp_path, peft, scorer):
 
 def test_scorer_sees_the_decoded_unpadded_completions(tmp_path, scorer):
     trainer = _trainer(tmp_path, **ON, shuffle_dataset=False)
-    _, output = _generate(trainer)
+    _, output = generate_first_batch(trainer)
     mask = output["completion_mask"]  # masked rows 0, 1 of each group have mask 0 now; compare the token ids
     ids = [ids for _, group in scorer.calls for ids in group]
     for i, row in enumerate(ids):
@@ -99,7 +99,7 @@ def test_anchors_compose_with_gcpo_reference_injection(tmp_path, scorer):
     trainer = build_trainer(trl_groupx.GRPOTrainer, trl_groupx.GRPOConfig, tmp_path, dataset=DATASET,
                             reward_funcs=_reward(), rollout_filter="gcpo_ref", shuffle_dataset=False,
                             max_completion_length=8, **ON)
-    batch, output = _generate(trainer)
+    batch, output = generate_first_batch(trainer)
     tok = trainer.processing_class
     reference = tok(batch[7]["solution"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     assert scorer.calls[1][1][3] == reference  # the scorer saw the injected anchor in its group

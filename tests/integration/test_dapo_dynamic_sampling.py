@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import trl_groupx
-from tests.conftest import assert_same_weights, build_trainer, grads_differ, one_step
+from tests.conftest import assert_same_weights, build_trainer, generate_first_batch, grads_differ, one_step
 from trl_groupx.sampling.dapo_dynamic_sampling import draw_refill_indices
 from trl_groupx.toy import arithmetic_dataset
 from trl_groupx.trainer import VARIANT_STATE_NAME
@@ -43,11 +43,8 @@ def _trainer(tmp_path, peft=False, dapo=True, **flags):
 
 
 def _generate(trainer):
-    trainer.model.train()
-    torch.manual_seed(0)
-    batch = next(iter(trainer.get_train_dataloader()))
-    torch.manual_seed(0)
-    return trainer._generate_and_score_completions(batch)
+    """The generation output of the first batch, unshuffled (`generate_first_batch`)."""
+    return generate_first_batch(trainer)[1]
 
 
 def _group_formula(r):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import trl_groupx
-from tests.conftest import build_trainer, grads_differ, one_step
+from tests.conftest import build_trainer, generate_first_batch, grads_differ, one_step
 from tests.integration.scripted_rewards import FirstCallPattern
 from trl_groupx.sampling.edge_grpo_gec import (
     ANSWER,
@@ -64,14 +64,6 @@ class GenerateSpy:
         return completions, logprobs
 
 
-def _generate(trainer):
-    trainer.model.train()
-    torch.manual_seed(0)
-    batch = next(iter(trainer.get_train_dataloader()))
-    torch.manual_seed(0)
-    return batch, trainer._generate_and_score_completions(batch)
-
-
 def _group_formula(r):
     r = r.view(-1, G)
     return ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-4)).flatten()
@@ -87,8 +79,8 @@ def test_corrected_responses_are_in_the_batch_and_rescored(tmp_path, peft):
     trainer = _trainer(tmp_path, peft, reward=reward)
     spy = GenerateSpy(trainer)
     plain = _trainer(tmp_path, peft, gec=False, reward=_reward())
-    batch, output = _generate(trainer)
-    _, plain_output = _generate(plain)
+    batch, output = generate_first_batch(trainer)
+    _, plain_output = generate_first_batch(plain)
     tok = trainer.processing_class
     eos = tok.eos_token_id
     eos_ids = [*trainer.eos_token_ids, tok.pad_token_id]
@@ -130,7 +122,7 @@ def test_reflect_branch_budget_and_cut(tmp_path):
     trainer = _trainer(tmp_path, edge_grpo_gec_answer_share=0.0, edge_grpo_gec_solution_share=0.0,
                        edge_grpo_gec_reflect_max_new_tokens=2)
     spy = GenerateSpy(trainer)
-    _, output = _generate(trainer)
+    _, output = generate_first_batch(trainer)
     prompts, continuations = spy.calls[1]
     assert len(prompts) == 7 and all(1 <= len(c) <= 2 for c in continuations)
     assert trainer._metrics["train"]["groupx/gec_reflected"] == [7.0]
@@ -148,7 +140,7 @@ def test_full_method_gradient_differs_from_eda_alone(tmp_path, peft):
 def test_corrected_row_log_probs_are_recomputed(tmp_path):
     # steps_per_generation 2: TRL keeps old log-probs; beta > 0: reference ones. Generation batch 16 rows.
     trainer = _trainer(tmp_path, steps_per_generation=2, beta=0.04)
-    _, output = _generate(trainer)
+    _, output = generate_first_batch(trainer)
     branches = assign_branches(branch_uniforms(16, 0, 0), 0.25, 0.25)
     rows = list(range(1, 16))  # every row but the first is below the target, each corrected (any branch)
     assert (branches[1:] == REFLECT).any()
@@ -166,7 +158,7 @@ def test_plain_text_prompts(tmp_path):
     reward = _reward()
     trainer = _trainer(tmp_path, reward=reward, dataset=dataset, edge_grpo_gec_answer_share=1.0,
                        edge_grpo_gec_solution_share=0.0)
-    batch, output = _generate(trainer)
+    batch, output = generate_first_batch(trainer)
     assert all(isinstance(t, str) for t in reward.calls[1]) and len(reward.calls[1]) == 7
     assert all(t.endswith(answer_suffix(batch[i + 1]["answer"], TEMPLATE)) for i, t in enumerate(reward.calls[1]))
     assert trainer._rewards_per_func[:, 0].tolist() == [1.0] + [0.5] * 7
@@ -174,7 +166,7 @@ def test_plain_text_prompts(tmp_path):
 
 def test_long_prompts_are_not_corrected(tmp_path):
     trainer = _trainer(tmp_path, edge_grpo_gec_max_prompt_tokens=1)
-    _, output = _generate(trainer)
+    _, output = generate_first_batch(trainer)
     assert trainer._metrics["train"]["groupx/gec_selected"] == [0.0]
     assert trainer._rewards_per_func[:, 0].tolist() == [1.0] + [0.0] * 7
 
@@ -191,7 +183,7 @@ def test_row_without_a_reference_fails_clearly(tmp_path):
     dataset = _BASE.add_column("solution", [""] * len(_BASE))
     trainer = _trainer(tmp_path, dataset=dataset, edge_grpo_gec_solution_share=1.0, edge_grpo_gec_answer_share=0.0)
     with pytest.raises(ValueError, match="no reference in column 'solution'"):
-        _generate(trainer)
+        generate_first_batch(trainer)
 
 
 def _answer_only_reward(completions, answer, **kwargs):

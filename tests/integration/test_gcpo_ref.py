@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import trl_groupx
-from tests.conftest import build_trainer, grads_differ, one_step
+from tests.conftest import build_trainer, generate_first_batch, grads_differ, one_step
 from tests.integration.scripted_rewards import FirstCallPattern
 from trl_groupx.toy import arithmetic_dataset
 
@@ -29,14 +29,6 @@ def _trainer(tmp_path, peft=False, gcpo=True, reward=None, **flags):
                          reward_funcs=reward or _reward(), **flags)
 
 
-def _generate(trainer):
-    trainer.model.train()
-    torch.manual_seed(0)
-    batch = next(iter(trainer.get_train_dataloader()))
-    torch.manual_seed(0)
-    return batch, trainer._generate_and_score_completions(batch)
-
-
 def _group_formula(r):
     r = r.view(-1, G)
     return ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-4)).flatten()
@@ -47,8 +39,8 @@ def test_reference_replaces_the_last_rollout_of_the_all_fail_group(tmp_path, pef
     reward = _reward()
     trainer = _trainer(tmp_path, peft, reward=reward)
     plain = _trainer(tmp_path, peft, gcpo=False, reward=_reward())
-    batch, output = _generate(trainer)
-    _, plain_output = _generate(plain)
+    batch, output = generate_first_batch(trainer)
+    _, plain_output = generate_first_batch(plain)
     tok = trainer.processing_class
     reference = tok(batch[7]["solution"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     n = len(reference)
@@ -82,7 +74,7 @@ def test_injected_row_log_probs_are_recomputed(tmp_path):
     # steps_per_generation 2 with gradient_accumulation_steps 1: TRL keeps old log-probs; beta > 0: reference ones.
     # Generation batch 16 -> 4 groups: group 0 mixed, groups 1-3 all fail -> rows 7, 11, 15 injected.
     trainer = _trainer(tmp_path, steps_per_generation=2, beta=0.04)
-    _, output = _generate(trainer)
+    _, output = generate_first_batch(trainer)
     rows = [7, 11, 15]
     assert trainer._metrics["train"]["groupx/reference_injected_groups"] == [3.0]
     assert trainer._rewards_per_func[rows, 0].tolist() == [1.0, 1.0, 1.0]
@@ -102,7 +94,7 @@ def test_injected_row_log_probs_are_recomputed(tmp_path):
 
 def test_reference_scored_as_failure_is_kept_and_counted(tmp_path):
     trainer = _trainer(tmp_path, reward=_reward(mismatch="!"))
-    _, output = _generate(trainer)
+    _, output = generate_first_batch(trainer)
     assert trainer._rewards_per_func[:, 0].tolist() == [1.0, 0, 0, 0, 0, 0, 0, 0]
     assert trainer._metrics["train"]["groupx/reference_failed"] == [1.0]
     assert output["advantages"][4:].abs().max() < 1e-6  # still an all-fail group: no signal
@@ -110,7 +102,7 @@ def test_reference_scored_as_failure_is_kept_and_counted(tmp_path):
 
 def test_composes_with_rloo(tmp_path):
     trainer = _trainer(tmp_path, advantage_estimator="rloo")
-    _, output = _generate(trainer)
+    _, output = generate_first_batch(trainer)
     # RLOO on group 1 = [0, 0, 0, 1]: A_i = r_i - mean of the other three -> [-1/3, -1/3, -1/3, 1]
     torch.testing.assert_close(output["advantages"][4:], torch.tensor([-1 / 3, -1 / 3, -1 / 3, 1.0]))
     _, g, _ = one_step(_trainer(tmp_path, advantage_estimator="rloo"))
@@ -121,7 +113,7 @@ def test_composes_with_rloo(tmp_path):
 def test_template_wraps_the_reference(tmp_path):
     # the reward matches "=<answer>." exactly: the template turns the bare answer into that completion
     trainer = _trainer(tmp_path, reward=_reward(), gcpo_ref_template="={ref}.")
-    batch, output = _generate(trainer)
+    batch, output = generate_first_batch(trainer)
     tok = trainer.processing_class
     expected = tok("=" + batch[7]["solution"] + ".", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     assert output["completion_ids"][7, : len(expected)].tolist() == expected
@@ -143,7 +135,7 @@ def test_row_without_a_reference_fails_clearly(tmp_path):
     trainer = build_trainer(trl_groupx.GRPOTrainer, trl_groupx.GRPOConfig, tmp_path, dataset=dataset,
                             reward_funcs=_reward(), rollout_filter="gcpo_ref", shuffle_dataset=False)
     with pytest.raises(ValueError, match="no reference solution in gcpo_ref_column='solution'"):
-        _generate(trainer)
+        generate_first_batch(trainer)
 
 
 def test_missing_reference_column_fails_at_construction(tmp_path):
@@ -172,7 +164,7 @@ def test_paper_flags_train(tmp_path):
 def test_truncated_reference_follows_mask_truncated_completions(tmp_path, masked):
     # max_completion_length 1: the two-digit answer is cut to its first character, without EOS
     trainer = _trainer(tmp_path, max_completion_length=1, mask_truncated_completions=masked)
-    batch, output = _generate(trainer)
+    batch, output = generate_first_batch(trainer)
     first = trainer.processing_class(batch[7]["solution"], add_special_tokens=False)["input_ids"][0]
     assert output["completion_ids"][7].tolist() == [first]
     assert output["completion_mask"][7].tolist() == [0 if masked else 1]

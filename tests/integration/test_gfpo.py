@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import trl_groupx
-from tests.conftest import build_trainer, grads_differ, one_step, parity_reward
+from tests.conftest import build_trainer, generate_first_batch, grads_differ, one_step, parity_reward
 from trl_groupx.contracts import config_kwargs
 from trl_groupx.sampling.gfpo import gfpo_filter
 
@@ -34,11 +34,8 @@ def _spy(trainer):
 
 
 def _generate(trainer):
-    trainer.model.train()
-    torch.manual_seed(0)
-    batch = next(iter(trainer.get_train_dataloader()))
-    torch.manual_seed(0)
-    return trainer._generate_and_score_completions(batch)  # the unshuffled batch
+    """The generation output of the first batch, unshuffled (`generate_first_batch`)."""
+    return generate_first_batch(trainer)[1]
 
 
 @pytest.mark.parametrize("peft", [False, True], ids=["full", "lora"])

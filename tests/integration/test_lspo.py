@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import trl_groupx
-from tests.conftest import build_trainer, grads_differ, one_step
+from tests.conftest import build_trainer, generate_first_batch, grads_differ, one_step
 from tests.integration.scripted_rewards import FirstCallPattern
 from trl_groupx.sampling import lspo_scaffold
 from trl_groupx.sampling.lspo import SCAFFOLD_ADAPTER
@@ -34,14 +34,6 @@ def _trainer(tmp_path, peft=False, lspo=True, reward=None, **flags):
                          reward_funcs=reward or _scripted(), **flags)
 
 
-def _generate(trainer):
-    trainer.model.train()
-    torch.manual_seed(0)
-    batch = next(iter(trainer.get_train_dataloader()))
-    torch.manual_seed(0)
-    return batch, trainer._generate_and_score_completions(batch)
-
-
 class Spy:
     def __init__(self, monkeypatch, name):
         self.calls, self.results = [], []
@@ -61,7 +53,7 @@ def test_cliff_group_is_scaffolded_and_spliced(tmp_path, monkeypatch, peft):
     fit, reroll, logps = (Spy(monkeypatch, n) for n in ("fit_scaffold", "_reroll", "_scaffold_logps"))
     trainer = _trainer(tmp_path, peft, lspo_sft_steps=2)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-    batch, output = _generate(trainer)
+    batch, output = generate_first_batch(trainer)
     # one SFT call, on group 1's (prompt, solution) only: the mixed group 0 is never scaffolded
     assert len(fit.calls) == 1
     prompts, targets = fit.calls[0][0][2], fit.calls[0][0][3]
@@ -109,14 +101,14 @@ def test_mixed_groups_only_do_not_trigger_the_scaffold(tmp_path, monkeypatch):
         return [float(i % 2) for i in range(len(completions))]
 
     trainer = _trainer(tmp_path, reward=mixed)
-    _generate(trainer)
+    generate_first_batch(trainer)
     assert fit.calls == [] and reroll.calls == []
     assert trainer._metrics["train"]["groupx/lspo_cliff_groups"] == [0.0]
 
 
 def test_failed_rerolls_are_not_spliced(tmp_path):
     trainer = _trainer(tmp_path, reward=_scripted(reroll=(0.0, 0.0, 0.0, 0.0)))
-    _, output = _generate(trainer)
+    _, output = generate_first_batch(trainer)
     assert trainer._rewards_per_func[:, 0].tolist() == [1.0, 0, 0, 0, 0, 0, 0, 0]
     assert output["advantages"][4:].abs().max() < 1e-6
     assert "old_per_token_logps" not in output  # nothing spliced: TRL's on-policy batch as it was
@@ -125,7 +117,7 @@ def test_failed_rerolls_are_not_spliced(tmp_path):
 def test_truncation_cap_above_one_keeps_the_scaffold_log_probs(tmp_path, monkeypatch):
     logps = Spy(monkeypatch, "_scaffold_logps")
     trainer = _trainer(tmp_path, lspo_is_cap=1e6, reward=_scripted(reroll=(1.0, 0.0, 0.0, 0.0)))
-    _, output = _generate(trainer)
+    _, output = generate_first_batch(trainer)
     n = int(output["completion_mask"][4].sum())
     # log C = 13.8: current - log C is below every scaffold log-prob of the tiny model here, so b = log pi_s
     assert (logps.results[0][0, :n] > -math.log(1e6) - 20).all()
@@ -142,7 +134,7 @@ def test_gradient_differs_from_plain_grpo(tmp_path, peft):
 
 def test_composes_with_rloo(tmp_path):
     trainer = _trainer(tmp_path, advantage_estimator="rloo")
-    _, output = _generate(trainer)
+    _, output = generate_first_batch(trainer)
     # RLOO on group 1 = [1, 1, 1, 0]: A_i = r_i - mean of the other three -> [1/3, 1/3, 1/3, -1]
     torch.testing.assert_close(output["advantages"][4:8], torch.tensor([1 / 3, 1 / 3, 1 / 3, -1.0]))
 
@@ -159,7 +151,7 @@ def test_empty_solution_raises(tmp_path):
     trainer = build_trainer(trl_groupx.GRPOTrainer, trl_groupx.GRPOConfig, tmp_path, dataset=dataset,
                             reward_funcs=_scripted(), shuffle_dataset=False, rollout_filter="lspo")
     with pytest.raises(ValueError, match="no ground-truth solution"):
-        _generate(trainer)
+        generate_first_batch(trainer)
 
 
 def test_kept_old_and_reference_log_probs_and_saved_adapter(tmp_path, monkeypatch):
@@ -167,7 +159,7 @@ def test_kept_old_and_reference_log_probs_and_saved_adapter(tmp_path, monkeypatc
     # Generation batch 16 -> 4 groups: group 0 mixed, groups 1-3 cliffs; re-rolls [1, 0, 0, 0] -> rows 4, 8, 12.
     logps = Spy(monkeypatch, "_scaffold_logps")
     trainer = _trainer(tmp_path, True, steps_per_generation=2, beta=0.04, reward=_scripted(reroll=(1.0, 0.0, 0.0, 0.0)))
-    _, output = _generate(trainer)
+    _, output = generate_first_batch(trainer)
     rows = [4, 8, 12]
     assert trainer._rewards_per_func[:, 0].tolist() == [1.0, 0, 0, 0] + [1.0, 0, 0, 0] * 3
     index = torch.tensor(rows)
