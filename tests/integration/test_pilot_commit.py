@@ -1,6 +1,7 @@
 """Pilot-Commit (rollout_filter="pilot_commit") on the tiny model: pilot rollouts of each candidate prompt, scored by a
 scripted per-prompt reward, decide which prompts are buffered, excluded or dropped; committed prompts are trained one
-pilot round or more after their pilot; the gradient changes against plain GRPO (full and LoRA); composition with an
+pilot round or more after their pilot, with their pilot rollouts (and the pilots' stored rewards) in their group; the
+gradient changes against plain GRPO and against pilots that only select (full and LoRA); composition with an
 objective; an exact resume from a checkpoint."""
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import pytest
 import torch
 
 import trl_groupx
-from tests.conftest import build_trainer, grads_differ, one_step
+from tests.conftest import assert_same_weights, build_trainer, grads_differ, one_step
 from tests.integration.torchrun import launch, needs_torchrun
 from trl_groupx.sampling import pilot_commit as pilot_module
+from trl_groupx.sampling import pilot_commit_glue
 from trl_groupx.toy import arithmetic_dataset
 
 G = 4  # conftest: num_generations=4, per_device_train_batch_size=8 → B = 2 prompts per generation batch
@@ -39,13 +41,26 @@ class ScriptedReward:
         return rewards
 
 
+class TaggedReward(ScriptedReward):
+    """ScriptedReward plus 0.001 × the completion's length in characters on MIXED prompts: the same successes and
+    p̂, but a row's reward tells which completion it scored."""
+
+    def __call__(self, prompts, completions, **kwargs):
+        rewards = super().__call__(prompts, completions)
+        ids = self.calls[-1][0]
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        rewards = [r + 0.001 * len(t) if i in MIXED else r for r, i, t in zip(rewards, ids, texts)]
+        self.calls[-1] = (ids, rewards)
+        return rewards
+
+
 def ours(tmp_path, peft=False, **flags):
     return build_trainer(trl_groupx.GRPOTrainer, trl_groupx.GRPOConfig, tmp_path, peft=peft, **flags)
 
 
-def scripted(tmp_path, peft=False, **flags):
+def scripted(tmp_path, peft=False, reward_class=ScriptedReward, **flags):
     data = arithmetic_dataset(8, seed=0)
-    reward = ScriptedReward([row["prompt"][-1]["content"] for row in data])
+    reward = reward_class([row["prompt"][-1]["content"] for row in data])
     flags = dict(rollout_filter="pilot_commit", pilot_commit_pilot_samples=PILOT, **flags)
     return ours(tmp_path, peft, dataset=data, reward_funcs=[reward], **flags), reward
 
@@ -62,6 +77,82 @@ def commits(monkeypatch):
 
     monkeypatch.setattr(pilot_module, "commit_rounds", recording)
     return recorded
+
+
+@pytest.fixture
+def pilots(monkeypatch):
+    """Every pilot round's (candidates, per-function rewards (C, n, K), completions [candidate][sample])."""
+    recorded, original = [], pilot_commit_glue.pilot_rollouts
+
+    def recording(trainer, indices, samples):
+        rewards, per_func, completions = original(trainer, indices, samples)
+        recorded.append((list(indices), per_func.clone(), completions))
+        return rewards, per_func, completions
+
+    monkeypatch.setattr(pilot_commit_glue, "pilot_rollouts", recording)
+    return recorded
+
+
+def first_committed_batch(trainer):
+    """The first training generation batch, unshuffled: the prompt selection (with its pilot rounds), then TRL's
+    generation, the pilots' splice and the stages, seeded as `one_step`."""
+    trainer.model.train()
+    torch.manual_seed(0)
+    placeholders = next(iter(trainer.get_train_dataloader()))  # builds the prompt sampler
+    rows = trainer._prompt_sampler.generation_rows(placeholders)
+    torch.manual_seed(0)
+    return trainer._generate_and_score_completions(rows)
+
+
+def grpo_advantages(rewards):
+    """TRL's group-normalised advantages of one group: (r − mean) / (unbiased std + 1e-4)."""
+    return (rewards - rewards.mean()) / (rewards.std() + 1e-4)
+
+
+def test_committed_groups_train_their_pilot_rollouts_with_the_stored_rewards(tmp_path, commits, pilots):
+    trainer, reward = scripted(tmp_path, reward_class=TaggedReward)  # PILOT = 2 pilots reused of G = 4
+    output = first_committed_batch(trainer)
+    committed = commits[0][0]
+    trained = torch.tensor(reward.calls[-1][1])  # the training call: TRL's G fresh rows per committed prompt
+    ids, mask = output["completion_ids"], output["completion_mask"]
+    expected_rewards, replaced_differ = [], False
+    for g, prompt in enumerate(committed):
+        candidates, per_func, completions = next(p for p in reversed(pilots) if prompt in p[0])
+        c = candidates.index(prompt)
+        for slot in range(G):
+            row = g * G + slot
+            if slot < PILOT:  # the prompt's pilot rollout, with its pilot reward
+                n = len(completions[c][slot])
+                assert ids[row, :n].tolist() == completions[c][slot] and int(mask[row].sum()) == n
+                expected_rewards.append(float(per_func[c, slot, 0]))
+                replaced_differ |= abs(float(trained[row]) - expected_rewards[-1]) > 1e-9
+            else:  # a fresh rollout, with the reward the training call gave it
+                expected_rewards.append(float(trained[row]))
+    assert replaced_differ  # the overwritten fresh rows scored otherwise: the stored rewards are what is used
+    expected = torch.tensor(expected_rewards, dtype=torch.float32)
+    assert torch.allclose(trainer._rewards_per_func[:, 0].cpu(), expected)
+    want = torch.cat([grpo_advantages(expected[g * G:(g + 1) * G]) for g in range(len(committed))])
+    assert torch.allclose(output["advantages"].cpu(), want, atol=1e-5)
+    assert trainer._metrics["train"]["groupx/pilot_commit_reused_rows"][-1] == len(committed) * PILOT
+    assert "commit_pilots" not in trainer.variant_state["pilot_commit"]  # consumed: never saved with a checkpoint
+
+
+def test_reused_pilots_zero_trains_the_fresh_rollouts_only(tmp_path, commits, pilots):
+    trainer, reward = scripted(tmp_path, reward_class=TaggedReward, pilot_commit_reused_pilots=0)
+    output = first_committed_batch(trainer)
+    trained = torch.tensor(reward.calls[-1][1], dtype=torch.float32)
+    assert torch.allclose(trainer._rewards_per_func[:, 0].cpu(), trained)
+    want = torch.cat([grpo_advantages(trained[g * G:(g + 1) * G]) for g in range(len(commits[0][0]))])
+    assert torch.allclose(output["advantages"].cpu(), want, atol=1e-5)
+    assert trainer._metrics["train"]["groupx/pilot_commit_reused_rows"][-1] == 0
+    assert "pilot_rollouts" not in trainer.variant_state["pilot_commit"]
+
+
+@pytest.mark.parametrize("peft", [False, True])
+def test_reusing_the_pilots_changes_the_update(tmp_path, peft):
+    _, only_select, _ = one_step(scripted(tmp_path / "select", peft, TaggedReward, pilot_commit_reused_pilots=0)[0])
+    _, reused, _ = one_step(scripted(tmp_path / "reuse", peft, TaggedReward)[0])
+    assert grads_differ(only_select, reused)
 
 
 def test_only_band_prompts_are_trained_one_round_after_their_pilot(tmp_path, commits):
@@ -132,6 +223,11 @@ def test_a_batch_that_cannot_be_filled_is_a_clear_error(tmp_path):
     (dict(pilot_commit_selection="best"), "pilot_commit_selection='best'"),
     (dict(pilot_commit_off_steps=-1), "pilot_commit_off_steps=-1"),
     (dict(pilot_commit_success_threshold=float("nan")), "pilot_commit_success_threshold=nan"),
+    (dict(pilot_commit_reused_pilots=-1), "pilot_commit_reused_pilots=-1"),
+    (dict(pilot_commit_pilot_samples=2, pilot_commit_reused_pilots=3),
+     "pilot_commit_reused_pilots=3 > pilot_commit_pilot_samples=2"),
+    (dict(pilot_commit_pilot_samples=8), r"pilot_commit_reused_pilots=8 \(None = every one of the 8 pilot rollouts\) ≥ "
+     "num_generations=8: a committed group needs at least one fresh rollout"),
 ])
 def test_bad_flags_fail_at_config_construction(tmp_path, flags, match):
     with pytest.raises(ValueError, match=match):
@@ -139,17 +235,34 @@ def test_bad_flags_fail_at_config_construction(tmp_path, flags, match):
 
 
 def test_resume_continues_the_selection_exactly(tmp_path, commits):
-    full, _ = scripted(tmp_path / "full", max_steps=4, save_strategy="steps", save_steps=2)
+    full, _ = scripted(tmp_path / "full", max_steps=4, save_strategy="steps", save_steps=3)
     full.train()
     uninterrupted = [c for c, _, _ in commits]
     commits.clear()
-    resumed, _ = scripted(tmp_path / "resumed", max_steps=4, save_strategy="steps", save_steps=2)
-    resumed.train(resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-2"))
-    assert [c for c, _, _ in commits] == uninterrupted[2:]
-    a, b = full.variant_state["pilot_commit"], resumed.variant_state["pilot_commit"]
-    assert a.keys() == b.keys()
-    for key in a:
-        assert torch.equal(a[key], b[key]) if isinstance(a[key], torch.Tensor) else a[key] == b[key], key
+    resumed, _ = scripted(tmp_path / "resumed", max_steps=4, save_strategy="steps", save_steps=3)
+    saved = torch.load(tmp_path / "full" / "checkpoint-3" / "trl_groupx_variant_state.pt", weights_only=True)
+    assert saved["pilot_commit"]["pilot_rollouts"]  # the buffered prompts' pilot rollouts travel with the checkpoint
+    resumed.train(resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-3"))
+    assert [c for c, _, _ in commits] == uninterrupted[3:]
+    assert_same_state(full.variant_state["pilot_commit"], resumed.variant_state["pilot_commit"])
+    assert_same_weights(full, resumed)
+
+
+def assert_same_state(a, b, where="state"):
+    """Nested dicts, lists and tensors equal, bit for bit."""
+    assert type(a) is type(b), where
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_same_state(a[key], b[key], f"{where}[{key!r}]")
+    elif isinstance(a, list):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_state(x, y, f"{where}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), where
+    else:
+        assert a == b, where
 
 
 @needs_torchrun
@@ -158,5 +271,5 @@ def test_two_processes_commit_the_same_prompts(tmp_path):
     results = [json.loads((tmp_path / f"rank{rank}.jsonl").read_text()) for rank in (0, 1)]
     for result in results:
         assert result["ranks_agree"] and result["trained_my_slice"], result
-        assert result["piloted_my_slice"] and result["band_only"], result
+        assert result["piloted_my_slice"] and result["band_only"] and result["trained_my_pilots"], result
     assert results[0]["commits"] == results[1]["commits"]

@@ -75,9 +75,13 @@ class SamplingArgs:
         V₀: candidates scored per generation batch, drawn from the dataset; 0 = the whole dataset.
     v0_value_success_threshold (`float`, *optional*, defaults to `1.0`):
         V₀: a rollout whose weighted reward is at least this value is a success of its prompt.
-    pilot_commit_pilot_samples (`int`, *optional*, defaults to `8`):
-        Pilot-Commit (`rollout_filter="pilot_commit"`): pilot rollouts per candidate prompt (official config 8; paper
-        32 for a commit group of 96). Pilot rollouts only select prompts: they are not trained.
+    pilot_commit_pilot_samples (`int` or `None`, *optional*, defaults to `None`):
+        Pilot-Commit (`rollout_filter="pilot_commit"`): pilot rollouts per candidate prompt. `None` = a quarter of
+        `num_generations`, at least 2 (the official scripts' split of one group: pilot 32 + commit 96, 16 + 48).
+    pilot_commit_reused_pilots (`int` or `None`, *optional*, defaults to `None`):
+        Pilot-Commit: pilot rollouts of a committed prompt trained in its group, in place of as many fresh ones
+        (official `exploration.n_effective`; `None` = every pilot rollout, the official default; `0` = pilots only
+        select). At most `pilot_commit_pilot_samples`, below `num_generations`.
     pilot_commit_pilot_prompts (`int`, *optional*, defaults to `0`):
         Pilot-Commit: candidate prompts piloted per round (0 = the generation batch's prompt count, as officially).
     pilot_commit_band_low (`float`, *optional*, defaults to `0.125`):
@@ -348,8 +352,11 @@ class SamplingArgs:
     v0_value_success_threshold: float = field(
         default=1.0, metadata={"help": "V₀: reward at or above which a rollout counts as a success."}
     )
-    pilot_commit_pilot_samples: int = field(
-        default=8, metadata={"help": "Pilot-Commit: pilot rollouts per candidate prompt (not trained)."}
+    pilot_commit_pilot_samples: int | None = field(
+        default=None, metadata={"help": "Pilot-Commit: pilot rollouts per candidate prompt (None = num_generations // 4)."}
+    )
+    pilot_commit_reused_pilots: int | None = field(
+        default=None, metadata={"help": "Pilot-Commit: pilot rollouts trained in a committed group (None = all; 0 = none)."}
     )
     pilot_commit_pilot_prompts: int = field(
         default=0, metadata={"help": "Pilot-Commit: candidates piloted per round (0 = the batch's prompt count)."}

@@ -9,8 +9,8 @@ trainer's generation helpers):
    RC-GRPO's reward token, SAGE-light's hint, consistency-GRPO's paraphrases) or reset per-batch records (N-GRPO).
 2. `after_generation` — `(trainer, inputs, output, generate) -> (inputs, output)`, after TRL's generation and
    scoring, before the rollout stages: regenerate or rewrite rows and update `trainer._rewards_per_func` (DAPO's
-   refill, SAGE's re-roll, GCPO's reference injection, LSPO's scaffold, SOUP's prefixes). `generate` is TRL's own
-   `_generate_and_score_completions`, for variants that call it again.
+   refill, SAGE's re-roll, GCPO's reference injection, LSPO's scaffold, SOUP's prefixes, Pilot-Commit's pilots).
+   `generate` is TRL's own `_generate_and_score_completions`, for variants that call it again.
 3. `after_stages` — `(trainer, inputs, output) -> output`, right after the advantage and token-weight stages, before
    the objective's per-row inputs are built (RC-GRPO takes its condition tokens out of the loss mask).
 4. `append_rows` — `(trainer, inputs, output) -> output`, last, once every per-row tensor exists: rows appended to
@@ -89,6 +89,7 @@ HOOKS: dict[str, dict[str, Hook]] = {
     "gcpo_ref": {"after_generation": Hook("reference_injection:inject_reference_solutions", "batch")},
     "lspo": {"after_generation": Hook("lspo_scaffold:scaffold_cliff_groups", "batch")},
     "soup": {"after_generation": Hook("soup_glue:mix_prefix_rollouts", "batch")},
+    "pilot_commit": {"after_generation": Hook("pilot_commit_glue:reuse_pilot_rollouts", "batch")},
     "repo": {"append_rows": Hook("replay:append_replay_rows", "output")},
     "eframe": {"append_rows": Hook("eframe_glue:eframe_step", "batch")},
 }

@@ -3,14 +3,15 @@ prompts whose estimate falls in a band wait in a buffer and are committed (train
 least one pilot round later; prompts the pilot finds solved are excluded for good.
 
 Chosen through the prompt-selection seam (`prompt_sampler.py`): the selection function runs the pilot rounds (extra
-completions through TRL's own generator, scored by the run's reward functions, as the baseline rollouts of
-`baseline_rollouts.py`) and returns the committed prompts; TRL then generates their `num_generations` rollouts as
-usual. The buffer, the exclusion set and the candidate stream are the variant's `variant_state`.
+completions through TRL's own generator, scored by the run's reward functions, `pilot_commit_glue.py`) and returns
+the committed prompts; TRL then generates their `num_generations` rollouts, and the first
+`pilot_commit_reused_pilots` of each committed group are replaced by that prompt's stored pilot rollouts
+(`pilot_commit_glue.reuse_pilot_rollouts`). The buffer (with its pilot rollouts), the exclusion set and the
+candidate stream are the variant's `variant_state`.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 from typing import Any
 
@@ -20,8 +21,6 @@ import torch
 from ..contracts import RolloutBatch
 from ..registry import register
 from . import keep_all
-from ._scoring import score_aside
-from .baseline_rollouts import generate_aside
 from .prompt_sampler import prompt_selection
 
 VARIANT_ID = "pilot_commit"
@@ -53,6 +52,39 @@ def classify(p_hat: torch.Tensor, low: float, high: float, exclude: float | None
     kept = (p_hat >= low) & (p_hat <= high)
     excluded = p_hat >= exclude if exclude is not None else torch.zeros_like(kept)
     return kept, excluded
+
+
+def pilot_sample_count(pilot_samples: int | None, num_generations: int) -> int:
+    """Pilot rollouts per candidate: `pilot_samples`, or by default a quarter of the group (the official scripts split
+    one group of 128 into pilot 32 + commit 96, of 64 into 16 + 48), at least 2 (our floor: one pilot rollout gives
+    p̂ ∈ {0, 1}, never inside the band)."""
+    return pilot_samples if pilot_samples is not None else max(2, num_generations // 4)
+
+
+def reused_pilot_count(reused_pilots: int | None, pilot_samples: int) -> int:
+    """Pilot rollouts trained in a committed group: `reused_pilots`, or every pilot rollout (official
+    `exploration.n_effective: null`)."""
+    return pilot_samples if reused_pilots is None else reused_pilots
+
+
+def max_variance_subset(successes: list[bool], size: int, rng: np.random.Generator) -> list[int]:
+    """Indices of `size` of a prompt's pilot rollouts with successes and failures as even as they can be (official
+    `ReplayBuffer._maxvar_downsample_binary`: `size // 2` successes, the rest failures, topped up from the other
+    side when one runs short; each side drawn by `rng.choice` without replacement, successes first). All of them,
+    in order, when `size` is their number (the official buffer samples only when `n_effective ≠ n`). A rollout that
+    is not a success (NaN rewards included: our choice, the official rewards are 0/1) is a failure."""
+    if size >= len(successes):
+        return list(range(len(successes)))
+    ones = np.flatnonzero(np.asarray(successes, dtype=bool))
+    zeros = np.flatnonzero(~np.asarray(successes, dtype=bool))
+    need_ones = size // 2
+    if len(ones) < need_ones:
+        need_ones = len(ones)
+    elif len(zeros) < size - need_ones:
+        need_ones = size - len(zeros)
+    chosen_ones = rng.choice(ones, size=need_ones, replace=False) if need_ones > 0 else []
+    chosen_zeros = rng.choice(zeros, size=size - need_ones, replace=False) if size - need_ones > 0 else []
+    return [int(i) for i in np.concatenate([chosen_ones, chosen_zeros])]
 
 
 BUFFER_KEYS = ("buffer_index", "buffer_step", "buffer_round", "buffer_std")
@@ -208,51 +240,30 @@ def commit_rounds(state: dict, pilot: Any, *, num_prompts: int, pilot_prompts: i
     return committed, stats
 
 
-# ---- generation of the pilot rollouts -----------------------------------------------------------------------------
-
-
-def pilot_rewards(trainer: Any, indices: list[int], samples: int) -> torch.Tensor:
-    """`(C, samples)` weighted rewards (NaN when every reward function returned None) of `samples` completions per
-    candidate, from the current policy at the run's sampling settings. The `C · samples` rows are split evenly over
-    the processes (the last one repeated to equal lengths: one generate call of the same size everywhere) and the
-    rewards gathered, so every process holds the same matrix."""
-    if getattr(trainer, "rollout_func", None) is not None or getattr(trainer, "environments", None) or trainer.tools:
-        raise ValueError("rollout_filter='pilot_commit' pilots prompts with the trainer's own single-turn generator; "
-                         "it cannot reproduce a rollout_func, tools or environments. Drop them.")
-    acc = trainer.accelerator
-    rows = [i for i in indices for _ in range(samples)]
-    per_process = -(-len(rows) // acc.num_processes)
-    mine = rows[acc.process_index * per_process:(acc.process_index + 1) * per_process]
-    mine = mine + [rows[-1]] * (per_process - len(mine))
-    inputs = [trainer.train_dataset[i] for i in mine]
-    prompt_ids, images, multimodal_fields = trainer._tokenize_prompts([copy.deepcopy(x["prompt"]) for x in inputs])
-    if images is not None or multimodal_fields:
-        raise ValueError("rollout_filter='pilot_commit' supports text prompts only.")
-    completion_ids = generate_aside(trainer, prompt_ids)  # plain sampling: no per-batch hooks on the pilots
-    per_func = score_aside(trainer, inputs, completion_ids)  # (P · per_process, K), gathered
-    weights = trainer.reward_weights.to(per_func.device)
-    rewards = (per_func * weights).nansum(dim=1)
-    rewards[torch.isnan(per_func).all(dim=1)] = torch.nan
-    return rewards[: len(rows)].view(len(indices), samples).cpu()
-
-
 @prompt_selection(VARIANT_ID)
 def pilot_commit_select(state: dict, num_prompts: int, dataset_size: int, trainer: Any = None, *, seed: int,
-                        pilot_commit_pilot_samples: int, pilot_commit_pilot_prompts: int,
+                        num_generations: int, pilot_commit_pilot_samples: int | None,
+                        pilot_commit_reused_pilots: int | None, pilot_commit_pilot_prompts: int,
                         pilot_commit_band_low: float, pilot_commit_band_high: float,
                         pilot_commit_exclude_threshold: float | None, pilot_commit_off_steps: int,
                         pilot_commit_selection: str, pilot_commit_max_rounds: int,
                         pilot_commit_success_threshold: float) -> list[int]:
-    """The committed prompts of the next generation batch (`commit_rounds` with pilots from `pilot_rewards`)."""
+    """The committed prompts of the next generation batch (`commit_rounds` with pilots from
+    `pilot_commit_glue.PilotRecorder`, which also keeps the pilot rollouts to be trained)."""
     if trainer is None:
         raise ValueError("rollout_filter='pilot_commit' generates pilot rollouts: the seam must pass `trainer`.")
+    from .pilot_commit_glue import PilotRecorder
+
     init_state(state)
     state["dataset_size"], state["success_threshold"] = int(dataset_size), float(pilot_commit_success_threshold)
+    samples = pilot_sample_count(pilot_commit_pilot_samples, num_generations)
+    recorder = PilotRecorder(trainer, state, samples, reused_pilot_count(pilot_commit_reused_pilots, samples))
     committed, stats = commit_rounds(
-        state, lambda idx: pilot_rewards(trainer, idx, pilot_commit_pilot_samples), num_prompts=num_prompts,
+        state, recorder.pilot, num_prompts=num_prompts,
         pilot_prompts=pilot_commit_pilot_prompts or num_prompts, low=pilot_commit_band_low,
         high=pilot_commit_band_high, exclude=pilot_commit_exclude_threshold, off_steps=pilot_commit_off_steps,
         rule=pilot_commit_selection, max_rounds=pilot_commit_max_rounds, seed=seed)
+    recorder.keep_for_training(committed, seed)
     metrics = trainer._metrics["train"]
     for name, value in stats.items():
         metrics[f"groupx/pilot_commit_{name}"].append(float(value))
@@ -261,13 +272,26 @@ def pilot_commit_select(state: dict, num_prompts: int, dataset_size: int, traine
 
 
 def _validate(config: Any) -> None:
-    for name, low in (("pilot_commit_pilot_samples", 1), ("pilot_commit_pilot_prompts", 0),
-                      ("pilot_commit_off_steps", 0), ("pilot_commit_max_rounds", 0)):
+    for name, low in (("pilot_commit_pilot_samples", 1), ("pilot_commit_reused_pilots", 0),
+                      ("pilot_commit_pilot_prompts", 0), ("pilot_commit_off_steps", 0),
+                      ("pilot_commit_max_rounds", 0)):
         value = getattr(config, name)
+        if value is None and name in ("pilot_commit_pilot_samples", "pilot_commit_reused_pilots"):
+            continue
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name}={value!r}: use an integer ≥ {low} (official: pilot 8 samples per prompt in "
-                             "pc_trainer.yaml, 32 in the paper; off-steps 4; pilot prompts 0 = the batch's prompt "
-                             "count; max rounds 10, 0 = no limit).")
+            raise ValueError(f"{name}={value!r}: use an integer ≥ {low} (official scripts: pilot 32 + commit 96 "
+                             "rollouts per group, every pilot reused; off-steps 4; pilot prompts 0 = the batch's "
+                             "prompt count; max rounds 10, 0 = no limit).")
+    samples = pilot_sample_count(config.pilot_commit_pilot_samples, config.num_generations)
+    reused = reused_pilot_count(config.pilot_commit_reused_pilots, samples)
+    if reused > samples:
+        raise ValueError(f"pilot_commit_reused_pilots={reused} > pilot_commit_pilot_samples={samples}: a committed "
+                         "group can reuse at most the pilot rollouts its prompt had; lower it or raise the pilots.")
+    if reused >= config.num_generations:
+        raise ValueError(f"pilot_commit_reused_pilots={reused} (None = every one of the {samples} pilot rollouts) ≥ "
+                         f"num_generations={config.num_generations}: a committed group needs at least one fresh "
+                         "rollout; lower pilot_commit_pilot_samples / pilot_commit_reused_pilots or raise "
+                         "num_generations (official: pilot 32 + commit 96).")
     lo, hi = config.pilot_commit_band_low, config.pilot_commit_band_high
     for name, v in (("pilot_commit_band_low", lo), ("pilot_commit_band_high", hi)):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
@@ -295,17 +319,18 @@ def _validate(config: Any) -> None:
 @register(
     VARIANT_ID,
     name="Pilot-Commit",
-    paper="Pilot-Commit: budget-aware rollout allocation for group-based RL post-training (arXiv id not in our "
-          "sources), https://github.com/databricks/pilot-commit",
+    paper="Kim et al., Spend Your Rollouts Where It Counts: Rollout Allocation for Group-Based RL Post-Training "
+          "(Pilot-Commit; arXiv id not in our sources), https://github.com/databricks/pilot-commit",
     official_code=f"{OFFICIAL}:recipe/pc/pc_ray_trainer.py",
     stage="sampling",
-    flags={"rollout_filter": VARIANT_ID, "pilot_commit_pilot_samples": 8, "pilot_commit_pilot_prompts": 0,
+    flags={"rollout_filter": VARIANT_ID, "pilot_commit_pilot_samples": None, "pilot_commit_reused_pilots": None,
+           "pilot_commit_pilot_prompts": 0,
            "pilot_commit_band_low": 0.125, "pilot_commit_band_high": 0.75, "pilot_commit_exclude_threshold": 1.0,
            "pilot_commit_off_steps": 4, "pilot_commit_selection": "random", "pilot_commit_max_rounds": 10,
            "pilot_commit_success_threshold": 1.0},
-    params=("pilot_commit_pilot_samples", "pilot_commit_pilot_prompts", "pilot_commit_band_low",
-            "pilot_commit_band_high", "pilot_commit_exclude_threshold", "pilot_commit_off_steps",
-            "pilot_commit_selection", "pilot_commit_max_rounds", "pilot_commit_success_threshold"),
+    params=("pilot_commit_pilot_samples", "pilot_commit_reused_pilots", "pilot_commit_pilot_prompts",
+            "pilot_commit_band_low", "pilot_commit_band_high", "pilot_commit_exclude_threshold",
+            "pilot_commit_off_steps", "pilot_commit_selection", "pilot_commit_max_rounds", "pilot_commit_success_threshold"),
     stateful=True,
     validate=_validate,
 )
@@ -338,19 +363,32 @@ def pilot_commit(batch: RolloutBatch, *, state: dict) -> torch.Tensor:
        high`; exclude `p̂ ≥ pilot_commit_exclude_threshold`. After `pilot_commit_max_rounds` rounds (0 = no limit)
        a short batch is filled with this batch's piloted prompts nearest to the band (**choice**: the official
        loop raises after `max_num_gen_batches`; `groupx/pilot_commit_filled` counts them).
-    3. TRL generates `num_generations` rollouts for each committed prompt, trained as plain GRPO groups.
+    3. TRL generates `num_generations` (`G`) rollouts for each committed prompt; the first `n_eff =
+       pilot_commit_reused_pilots` rows of each group are then replaced by `n_eff` of that prompt's stored pilot
+       rollouts, with their stored rewards (official `fit` 495–500 and 653–664: the commit group is `n_effective`
+       pilot responses followed by the `n` fresh ones). GRPO's advantages are taken over the whole group.
+
+    The pilot rollouts are the response rule's pick (official `ReplayBuffer.sample`, `buffer_response_sampling_method
+    = max_variance`, `_maxvar_downsample_binary` 207–239): all of them when `n_eff = pilot_commit_pilot_samples`
+    (the default, official `n_effective: null`), else `max_variance_subset` (half successes, half failures, seeded
+    `[seed, step, prompt]`). They are trained as they are, without off-policy correction (official: verl recomputes
+    the old log-probs of the whole batch with the current actor, `fit` 718–728, so their ratio starts at 1; here the
+    replaced rows' old and reference log-probs are recomputed by the current and reference models).
+    `groupx/pilot_commit_reused_rows` counts them; `groupx/pilot_commit_pilot_age` is their mean age in pilot rounds.
 
     Choices (TRL has one group size per run and fixed-size generation batches):
 
-    - **Pilot samples are not trained.** The official commit group is the `n_effective` max-variance pilot
-      responses (up to 4 steps stale, no off-policy correction) plus the `n` fresh ones; TRL's groups are
-      `num_generations` fresh rollouts, so the pilots only select. Hence the response rule (`max_variance` in the
-      config) has no counterpart; `pilot_commit_selection` is the *prompt* rule (`random`, the config default;
-      `max_variance`; `most_recent`).
+    - **One group of `num_generations` rows holds pilots and fresh rollouts**: `G = n_eff + n_commit`, the official
+      scripts' total (p32c96: 128 = 32 + 96; p16c48). The default pilot count is `G // 4` (at least 2), their split.
+      TRL generates all `G` rows and `n_eff` of them are overwritten: that generation is wasted (`n_eff / G` of a
+      committed batch's generation, measured in `benchmarks/`); generating fewer rows would need TRL's per-process
+      batch shapes to vary.
+    - `pilot_commit_reused_pilots=0` trains fresh rollouts only (the pilots only select).
+    - `pilot_commit_selection` is the *prompt* rule (`random`, the config default; `max_variance`; `most_recent`);
+      the response rule is always `max_variance`, as the official config.
     - The clock of `off_steps` is the generation batch (official `global_steps`, one update per train batch).
     - Pilot rollouts are generated by the current policy at the run's sampling settings, split evenly over the
-      processes; every process sees the gathered rewards and makes the same selection.
-    - Defaults scaled for TRL: 8 pilot samples (the config's `exploration.n`; paper 32 for a commit group of 96).
+      processes; every process gathers the rewards and the completions and makes the same selection.
 
     This function (the rollout filter on the committed batch) keeps every rollout and clears `state["pending"]`.
 
@@ -358,7 +396,9 @@ def pilot_commit(batch: RolloutBatch, *, state: dict) -> torch.Tensor:
     buffer_round / buffer_std` (buffered prompts, their pilot batch, pilot round and pilot std), `excluded` (sorted
     prompt ids), the candidate stream `pass` / `cursor`, `step` (generation batches selected), `round` (pilot
     rounds run), `draws` (seeds the random rule as `[seed, draws]`), `committed_rounds` `(B, 2)` (pilot round and
-    commit round of each prompt of the last batch), `dataset_size`, `success_threshold`.
+    commit round of each prompt of the last batch), `dataset_size`, `success_threshold`, and with reuse on
+    `pilot_rollouts` (buffered prompt → its pilot round, completion ids, per-function and weighted rewards).
+    `commit_pilots` (the batch's chosen pilots) lives only between the selection and the generation it feeds.
 
     Args:
         batch (`RolloutBatch`): the global generation batch of the committed prompts.

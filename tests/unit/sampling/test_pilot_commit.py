@@ -1,5 +1,6 @@
 """Pilot-Commit's pure parts: pilot accuracy, the band and exclusion rule, the buffer (add, off-steps flush, take by
-rule), the candidate stream, and the rounds of one generation batch on hand-built pilot rewards."""
+rule), the candidate stream, the rounds of one generation batch on hand-built pilot rewards, and which pilot
+rollouts a committed group trains (the response rule, the kept rollouts of the buffered prompts)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,12 @@ from trl_groupx.sampling.pilot_commit import (
     draw_candidates,
     empty_buffer,
     init_state,
+    max_variance_subset,
     pilot_accuracy,
+    pilot_sample_count,
+    reused_pilot_count,
 )
+from trl_groupx.sampling.pilot_commit_glue import PilotRecorder
 
 NAN = math.nan
 
@@ -173,3 +178,76 @@ def test_rounds_fill_nearest_the_band_after_max_rounds_or_raise():
     with pytest.raises(RuntimeError, match="pilot_commit_max_rounds=1"):
         commit_rounds(state, pilot, num_prompts=3, pilot_prompts=1, low=0.125, high=0.75, exclude=1.0, off_steps=4,
                       rule="random", max_rounds=1, seed=0)
+
+
+def test_default_counts_split_the_group_as_the_official_scripts():
+    # p32c96 and p16c48: a quarter of the group pilots, at least 2 (one pilot is never in the band); every pilot
+    # rollout is reused (n_effective: null)
+    assert [pilot_sample_count(None, g) for g in (128, 64, 16, 12, 8, 4, 3, 2)] == [32, 16, 4, 3, 2, 2, 2, 2]
+    assert pilot_sample_count(6, 16) == 6
+    assert reused_pilot_count(None, 4) == 4 and reused_pilot_count(0, 4) == 0 and reused_pilot_count(2, 4) == 2
+
+
+def test_max_variance_subset_balances_successes_and_failures():
+    successes = [True, False, True, True, False, False, True, False]
+    pick = max_variance_subset(successes, 4, np.random.default_rng(0))
+    assert len(set(pick)) == 4 and [successes[i] for i in pick] == [True, True, False, False]  # 2 + 2, ones first
+    pick = max_variance_subset(successes, 3, np.random.default_rng(0))
+    assert [successes[i] for i in pick] == [True, False, False]  # size // 2 = 1 success, 2 failures
+    # one success only: it and failures for the rest; no failure: successes only
+    one = [False, False, True, False]
+    assert sorted(one[i] for i in max_variance_subset(one, 3, np.random.default_rng(1))) == [False, False, True]
+    assert max_variance_subset([True, True, True], 2, np.random.default_rng(0)) in ([0, 1], [1, 0], [0, 2], [2, 0],
+                                                                                      [1, 2], [2, 1])
+    assert [one[i] for i in max_variance_subset(one, 1, np.random.default_rng(0))] == [False]  # 1 // 2 = 0 successes
+    assert max_variance_subset([True], 1, np.random.default_rng(0)) == [0]  # group of one
+    assert max_variance_subset(successes, 8, np.random.default_rng(0)) == list(range(8))  # all: kept in order
+    assert max_variance_subset(successes, 0, np.random.default_rng(0)) == []
+
+
+def _entry(round_, index, scores):
+    """A pilot record: completions [index, k], per-function rewards (n, 1) = scores."""
+    return {"round": round_, "ids": [torch.tensor([index, k]) for k in range(len(scores))],
+            "rewards": torch.tensor(scores).view(-1, 1), "scores": torch.tensor(scores)}
+
+
+def _recorder(reused, buffered, committed_rounds, stored=None, latest=None):
+    state = {"success_threshold": 1.0, "step": 3, "buffer_index": torch.tensor([i for i, _ in buffered]),
+             "buffer_round": torch.tensor([r for _, r in buffered]),
+             "committed_rounds": torch.tensor(committed_rounds).view(-1, 2)}
+    if stored is not None:
+        state["pilot_rollouts"] = stored
+    recorder = PilotRecorder(None, state, samples=4, reused=reused)
+    recorder.latest = latest or {}
+    return recorder, state
+
+
+def test_committed_groups_get_their_own_pilots_and_the_store_mirrors_the_buffer():
+    # prompt 5 was buffered by an earlier batch (stored), prompt 7 piloted this batch in round 9 and committed by a
+    # fill, prompt 8 piloted in round 9 and still buffered; prompt 6's stored entry has left the buffer
+    stored = {5: _entry(4, 5, [1.0, 0.0, 1.0, 0.0]), 6: _entry(3, 6, [0.0] * 4)}
+    latest = {(9, 7): _entry(9, 7, [1.0, 1.0, 0.0, 0.0]), (9, 8): _entry(9, 8, [0.0, 1.0, 0.0, 0.0])}
+    recorder, state = _recorder(4, [(8, 9)], [[4, 10], [9, 10]], stored, latest)
+    recorder.keep_for_training([5, 7], seed=0)
+    chosen = state["commit_pilots"]
+    assert [c["round"] for c in chosen] == [4, 9]
+    assert [[t.tolist() for t in c["ids"]] for c in chosen] == [[[5, k] for k in range(4)], [[7, k] for k in range(4)]]
+    assert torch.equal(chosen[1]["rewards"].flatten(), torch.tensor([1.0, 1.0, 0.0, 0.0]))
+    assert list(state["pilot_rollouts"]) == [8] and state["pilot_rollouts"][8] is latest[(9, 8)]
+
+
+def test_fewer_reused_pilots_take_the_max_variance_pick_and_none_keeps_no_store():
+    latest = {(2, 3): _entry(2, 3, [1.0, 1.0, 1.0, 0.0])}
+    recorder, state = _recorder(2, [], [[2, 3]], latest=latest)
+    recorder.keep_for_training([3], seed=0)
+    assert sorted(state["commit_pilots"][0]["rewards"].flatten().tolist()) == [0.0, 1.0]  # one success, one failure
+    assert state["pilot_rollouts"] == {}
+    recorder, state = _recorder(0, [(3, 2)], [[2, 3]], stored={3: _entry(2, 3, [1.0] * 4)}, latest=latest)
+    recorder.keep_for_training([3], seed=0)
+    assert "commit_pilots" not in state and "pilot_rollouts" not in state  # pilots only select: nothing kept
+
+
+def test_a_committed_prompt_without_its_pilots_is_a_clear_error():
+    recorder, state = _recorder(4, [], [[1, 2]], stored={3: _entry(0, 3, [1.0] * 4)})  # round 1 expected, 0 stored
+    with pytest.raises(RuntimeError, match="pilot rollouts of prompt 3 \\(pilot round 1\\) were not kept"):
+        recorder.keep_for_training([3], seed=0)
