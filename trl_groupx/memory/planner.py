@@ -47,6 +47,11 @@ width, `V` vocab, `r` LoRA rank, `B` per_device_train_batch_size, `T_p`/`T_c` pr
   prefill (same sequences per call, the explorer's sizes). S2L-PO refuses vLLM.
 * logit averaging (`logit_avg`, `rollout_filter="logit_avg"`): under full fine-tuning a frozen copy of the policy
   in its dtype, `W`, next to TRL's own reference when `beta != 0`; nothing under LoRA (the adapter is disabled).
+  Its log-prob forwards read plain logits of both models (`sampling/logit_averaging.py`), so the log-prob head is
+  `B·(T_c+1)·V·(2·b_l + 20)` in place of TRL's fused head: the policy's and the reference's logits, the float32
+  mix, its tempered copy and log-softmax, and the entropy's two float32 temporaries (`2·b_l + 12` in a no-grad
+  pass, which computes no entropy); and `generate()` runs the reference beside the policy with its own KV cache,
+  a second `KV cache + prefill` at the generation peak.
 * SRPO (`srpo_distill_topk`, trl_groupx `loss_type="srpo"`; `objective/self_teacher.py`): the generation batch's
   teacher targets, kept until the next generation batch replaces them (TRL still holds them while it generates
   that one), so resident: `N·T_c·k·(8 + 4) + N·T_c·4 + N` bytes (int64 top-k ids, fp32 top-k log-probs, fp32
@@ -54,6 +59,11 @@ width, `V` vocab, `r` LoRA rank, `B` per_device_train_batch_size, `T_p`/`T_c` pr
   self-teacher: under full fine-tuning a frozen copy in the policy's dtype `W` (`srpo_teacher_kind` "ema" or
   "base"), under LoRA with "ema" a second adapter and TRL's shadow copy of it, `N_lora·(4 + 4)` (`N_lora·(4 + 2)`
   under QLoRA, whose student adapter, hence the shadow, is bf16); "live", and "base" under LoRA, add nothing.
+  The student's forward on a micro-batch with routed rows keeps the plain `(B, T_c+1, V)` logits and, in the
+  backward, their gradient, plus one row's float32 head under activation checkpointing (tempered copy,
+  log-softmax, gradient: `3·T_c·V·4`): `B·(T_c+1)·V·2·b_l + 12·T_c·V`, taken when larger than the fused head.
+  The teacher's no-grad pass after each generation (`_teacher_topk`) is a no-grad pass with plain logits
+  (`B·(T_c+1)·V·b_l + (T_c+1)·V·4`) and four more float32 row copies (tempered, log-softmax, exp, product).
 """
 
 from __future__ import annotations
@@ -205,6 +215,8 @@ class MemoryPlan:
     logit_avg_reference: int = 0  # logit averaging's frozen copy of the policy (full fine-tuning)
     srpo_teacher: int = 0  # SRPO self-teacher: frozen copy (full fine-tuning) or EMA adapter + shadow (LoRA)
     srpo_targets: int = 0  # SRPO teacher top-k targets of the generation batch (resident)
+    logit_avg_generation: int = 0  # generate(): the logit-averaging reference's own KV cache + prefill
+    srpo_teacher_pass: int = 0  # SRPO's no-grad teacher pass after each generation (transient)
 
     @property
     def fits(self) -> bool:
@@ -254,6 +266,8 @@ class MemoryPlan:
             rows.append(("teacher log-prob pass (max with act.+head)", self.teacher_logprobs))
         if self.value_update:
             rows.append(("SPPO value update (max with act.+head)", self.value_update))
+        if self.srpo_teacher_pass:
+            rows.append(("SRPO teacher top-k pass (max with act.+head)", self.srpo_teacher_pass))
         if self.quant_transient:
             rows.append(("4-bit dequantisation buffer", self.quant_transient))
         rows.append(("allocator fragmentation", self.fragmentation))
@@ -266,6 +280,8 @@ class MemoryPlan:
             ]
         if self.hf_generation:
             rows.append(("generate(): KV cache + prefill", self.hf_generation))
+        if self.logit_avg_generation:
+            rows.append(("generate(): logit-averaging reference KV cache + prefill", self.logit_avg_generation))
         if self.explorer_generation:
             rows.append(("generate() on the explorer (max with above)", self.explorer_generation))
         return rows
@@ -412,6 +428,8 @@ def logprob_head_bytes(i: PlanInputs) -> int:
     a = i.arch
     b, tc, v, h = i.per_device_train_batch_size, i.completion_length, a.vocab_size, a.hidden_size
     n, e = b * tc, _act_bytes(i)
+    if i.logit_avg:  # plain logits of policy and reference, mixed in float32 (sampling/logit_averaging.py)
+        return logit_avg_head_bytes(i, entropy=True)
     if i.logps_chunk_size:
         return 5 * i.logps_chunk_size * v * 4 + n * h * (e + 4)
     if i.logprob_head == "liger":
@@ -422,7 +440,36 @@ def logprob_head_bytes(i: PlanInputs) -> int:
     head = n * h * (ec + 4 + e) + min(n, TRL_TOKEN_TILE) * min(v, TRL_VOCAB_TILE) * ec + 9 * 4 * n
     if not i.use_peft:
         head += v * h * (4 + _dtype_bytes(i.weight_dtype, "weight_dtype"))
-    return head
+    return max(head, srpo_student_head_bytes(i))
+
+
+def logit_avg_head_bytes(i: PlanInputs, *, entropy: bool) -> int:
+    """Logit averaging's log-prob head of one micro-batch: the policy's and the reference's plain logits
+    `B·(T_c+1)·V·b_l` each, and float32 `(B, T_c+1, V)` tensors: the mix, its tempered copy, the log-softmax, and
+    with `entropy` the entropy's `exp` and product (`sampling/logit_avg.mixed_token_logps`)."""
+    b, tc, v = i.per_device_train_batch_size, i.completion_length, i.arch.vocab_size
+    return b * (tc + 1) * v * (2 * _logit_bytes(i) + 4 * (3 + (2 if entropy else 0)))
+
+
+def srpo_student_head_bytes(i: PlanInputs) -> int:
+    """SRPO's student head on a micro-batch with routed rows (`objective/self_teacher.student_forward`): the plain
+    logits `B·(T_c+1)·V·b_l`, kept for the backward, their gradient as large, and one row's float32 head under
+    activation checkpointing (tempered copy, log-softmax, its gradient) `3·T_c·V·4`; 0 without SRPO."""
+    if i.srpo_distill_topk is None:
+        return 0
+    b, tc, v = i.per_device_train_batch_size, i.completion_length, i.arch.vocab_size
+    return b * (tc + 1) * v * 2 * _logit_bytes(i) + 3 * tc * v * 4
+
+
+def srpo_teacher_pass_bytes(i: PlanInputs) -> int:
+    """SRPO's teacher pass after each generation (`_teacher_topk`): a no-grad pass with plain logits (one layer's
+    intermediates, `B·(T_c+1)·V·b_l + (T_c+1)·V·4`) and four more float32 row copies `4·T_c·V·4` (tempered,
+    log-softmax, `exp`, product); 0 without SRPO."""
+    if i.srpo_distill_topk is None:
+        return 0
+    plain = dataclasses.replace(i, logprob_head="unfused", logps_chunk_size=None, prefix_grouper=False,
+                                logit_avg=False)
+    return _nograd_pass_bytes(plain) + 4 * i.completion_length * i.arch.vocab_size * 4
 
 
 def _needs_nograd_pass(i: PlanInputs) -> bool:
@@ -517,7 +564,9 @@ def _nograd_pass_bytes(i: PlanInputs) -> int:
         layer = tokens * per_token + e * a.num_layers * 2 * a.kv_dim * b * t
     else:
         layer = b * t * per_token
-    if i.logps_chunk_size:
+    if i.logit_avg:
+        head = logit_avg_head_bytes(i, entropy=False)
+    elif i.logps_chunk_size:
         head = 5 * i.logps_chunk_size * v * 4 + n * h * e
     elif i.logprob_head in ("unfused", "liger"):  # facts §4.2 (4): not reduced by Liger
         head = b * (tc + 1) * v * _logit_bytes(i) + (tc + 1) * v * 4
@@ -575,7 +624,8 @@ def _compute(i: PlanInputs) -> MemoryPlan:
     logit_ref = w if (i.logit_avg and not i.use_peft) else 0
     srpo_teacher, srpo_targets = srpo_teacher_bytes(i, w), srpo_target_bytes(i)
     quant = 2 * a.hidden_size * a.intermediate_size if i.load_in_4bit else 0
-    transient = max(act + head, nograd, teacher_pass, value_pass) + quant
+    srpo_pass = srpo_teacher_pass_bytes(i)
+    transient = max(act + head, nograd, teacher_pass, value_pass, srpo_pass) + quant
     frag = round(transient * (i.fragmentation - 1))
     ctx = round(i.cuda_context_gib * GiB)
     kv_bpt = 2 * a.num_layers * a.kv_dim * i.kv_cache_dtype_bytes
@@ -585,7 +635,7 @@ def _compute(i: PlanInputs) -> MemoryPlan:
     warnings: list[str] = []
     notes: list[str] = []
 
-    vllm_budget = vllm_w = vllm_over = vllm_kv = resident = hf_gen = explorer_gen = 0
+    vllm_budget = vllm_w = vllm_over = vllm_kv = resident = hf_gen = explorer_gen = logit_avg_gen = 0
     kv_tokens = 0
     max_model_len: int | None = None
     colocate = i.use_vllm and i.vllm_mode == "colocate"
@@ -632,13 +682,14 @@ def _compute(i: PlanInputs) -> MemoryPlan:
         # time: KV cache (weight dtype) + one layer of prefill; S2L-PO's explorer batches run it on the explorer
         hf_gen = hf_generation_bytes(i)
         explorer_gen = 0 if i.explorer is None else hf_generation_bytes(i, i.explorer)
+        logit_avg_gen = hf_generation_bytes(i) if i.logit_avg else 0  # the reference's own KV cache + prefill
 
     base = w + s + ref + teacher_w + value_w + explorer_w + logit_ref + srpo_teacher + srpo_targets + ctx
     train_peak = base + resident + transient + frag
     if colocate:
         generation_peak = base + vllm_budget
     else:
-        generation_peak = base + max(hf_gen, explorer_gen)
+        generation_peak = base + max(hf_gen + logit_avg_gen, explorer_gen)
     peak = max(train_peak, generation_peak)
     phase = "training step" if train_peak >= generation_peak else "generation"
 
@@ -668,6 +719,7 @@ def _compute(i: PlanInputs) -> MemoryPlan:
         problems=problems, warnings=warnings, notes=notes, teacher_model=teacher_w, teacher_logprobs=teacher_pass,
         value_model=value_w, value_update=value_pass, explorer_model=explorer_w, explorer_generation=explorer_gen,
         logit_avg_reference=logit_ref, srpo_teacher=srpo_teacher, srpo_targets=srpo_targets,
+        logit_avg_generation=logit_avg_gen, srpo_teacher_pass=srpo_pass,
     )
 
 

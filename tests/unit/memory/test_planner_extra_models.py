@@ -1,6 +1,7 @@
 """Memory planner terms of the variants that build extra models or buffers: SPPO's value model (fp32 + its AdamW,
 and its update as a transient), S2L-PO's frozen explorer (weights, and generate() on it), logit averaging's frozen
-reference copy (full fine-tuning only) and SRPO's teacher targets and self-teacher. Hand-derived sizes; read from
+reference copy (full fine-tuning only), its plain-logits head and second KV cache, and SRPO's teacher targets,
+self-teacher, student head and teacher pass. Hand-derived sizes; read from
 the recipes as `plan_from_config` builds them; off by default."""
 
 import json
@@ -38,7 +39,8 @@ def test_hand_derived_policy_sizes():
 def test_all_new_terms_are_off_by_default():
     plan = plan_memory(POLICY, **KW)
     assert (plan.value_model, plan.value_update, plan.explorer_model, plan.explorer_generation,
-            plan.logit_avg_reference, plan.srpo_teacher, plan.srpo_targets) == (0,) * 7
+            plan.logit_avg_reference, plan.srpo_teacher, plan.srpo_targets, plan.logit_avg_generation,
+            plan.srpo_teacher_pass) == (0,) * 9
 
 
 # ---- SPPO's value model -----------------------------------------------------------------------------------------
@@ -132,23 +134,48 @@ def test_s2l_po_recipe_plans_its_explorer(tmp_path):
 # ---- logit averaging's reference copy ---------------------------------------------------------------------------
 
 
-def test_logit_avg_reference_copy_under_full_fine_tuning_only():
+# B·(T_c+1)·V = 8·1025·151,936 = 1,245,875,200 completion logits per micro-batch
+LOGITS = 1_245_875_200
+# one layer of a no-grad pass, B·T·(2H + q + 2kv + 2I)·e = 8·1536·(3072 + 1536 + 512 + 17,920)·2
+NOGRAD_LAYER = 566_231_040
+
+
+def _transient_step(plan) -> int:
+    """What the training step adds to the resident terms: activations + head, and the fragmentation on them."""
+    return plan.activations + plan.logprob_head + plan.fragmentation
+
+
+def test_logit_avg_reference_copy_head_and_generation_under_full_fine_tuning():
     full_plain = plan_memory(POLICY, use_peft=False, **KW)
     full = plan_memory(POLICY, use_peft=False, logit_avg=True, **KW)
     assert full.logit_avg_reference == POLICY_BF16 == full.weights  # a frozen bf16 copy of the policy, 2P
-    assert full.train_peak - full_plain.train_peak == POLICY_BF16
-    assert "logit-averaging reference (frozen copy)" in full.report()
+    # plain logits of policy and reference (bf16, 2 + 2) and five float32 (B, T_c+1, V) tensors: 24 bytes each
+    assert full.logprob_head == LOGITS * 24 == 29_901_004_800
+    assert full.train_peak - full_plain.train_peak == POLICY_BF16 + _transient_step(full) - _transient_step(full_plain)
+    # generate(): the reference runs beside the policy with its own KV cache and prefill, the same size
+    assert full.logit_avg_generation == full.hf_generation > 0
+    assert full.generation_peak - full_plain.generation_peak == POLICY_BF16 + full.hf_generation
+    report = full.report()
+    assert "logit-averaging reference (frozen copy)" in report and "logit-averaging reference KV cache" in report
     # next to TRL's own reference of beta != 0: two copies
     both = plan_memory(POLICY, use_peft=False, logit_avg=True, beta=0.04, **KW)
     assert both.reference_model == both.logit_avg_reference == POLICY_BF16
-    # LoRA: the reference is the policy with its adapter disabled, nothing is added
-    lora = plan_memory(POLICY, logit_avg=True, **KW)
-    assert lora.logit_avg_reference == 0 and lora.peak == plan_memory(POLICY, **KW).peak
+    # a no-grad pass (old log-probs): one layer + the mixed head without the entropy's two temporaries (16 bytes)
+    old = plan_memory(POLICY, use_peft=False, logit_avg=True, num_iterations=2, **KW)
+    assert old.nograd_logprobs == NOGRAD_LAYER + LOGITS * 16 == 20_500_234_240
 
 
-def test_logit_avg_recipe_with_lora_adds_nothing(tmp_path):
+def test_logit_avg_under_lora_adds_the_head_and_the_generation_but_no_copy():
+    plain = plan_memory(POLICY, **KW)
+    lora = plan_memory(POLICY, logit_avg=True, **KW)  # the reference is the policy with its adapter disabled
+    assert lora.logit_avg_reference == 0 and lora.weights == plain.weights
+    assert lora.logprob_head == LOGITS * 24 and lora.logit_avg_generation == lora.hf_generation
+    assert lora.train_peak - plain.train_peak == _transient_step(lora) - _transient_step(plain)
+
+
+def test_logit_avg_recipe_with_lora_adds_no_copy(tmp_path):
     plan = _recipe_plan(tmp_path, "logit_avg")
-    assert plan.inputs.logit_avg and plan.logit_avg_reference == 0
+    assert plan.inputs.logit_avg and plan.logit_avg_reference == 0 and plan.logit_avg_generation > 0
 
 
 # ---- SRPO -------------------------------------------------------------------------------------------------------
@@ -162,7 +189,14 @@ def test_srpo_targets_and_lora_ema_teacher_by_hand():
     assert plan.srpo_targets == 9_863_176
     # LoRA "ema": TRL's second adapter (fp32) + its shadow (fp32, the student adapter's dtype): N_lora·8
     assert plan.srpo_teacher == POLICY_LORA * 8 == 590_872_576
-    assert plan.train_peak - plain.train_peak == plan.srpo_targets + plan.srpo_teacher
+    # the student's head on routed micro-batches: plain bf16 logits and their gradient, 2·2 bytes each, and one
+    # row's float32 tempered copy, log-softmax and gradient, 3·T_c·V·4 = 1,866,989,568 (larger than the fused head)
+    assert plan.logprob_head == LOGITS * 4 + 1_866_989_568 == 6_850_490_368 > plain.logprob_head
+    # the teacher's no-grad pass: one layer + plain logits B·(T_c+1)·V·2 + one float32 row (T_c+1)·V·4
+    #   + four float32 row copies 4·T_c·V·4
+    assert plan.srpo_teacher_pass == NOGRAD_LAYER + LOGITS * 2 + 1025 * 151_936 * 4 + 4 * 1024 * 151_936 * 4
+    assert plan.train_peak - plain.train_peak == (plan.srpo_targets + plan.srpo_teacher + _transient_step(plan)
+                                                  - _transient_step(plain))
     assert plan.generation_peak - plain.generation_peak == plan.srpo_targets + plan.srpo_teacher
     report = plan.report()
     assert "SRPO self-teacher (EMA adapter + shadow)" in report and "SRPO teacher top-k targets" in report
@@ -223,8 +257,9 @@ def test_cli_flags(capsys):
     assert data["logit_avg_reference"] == data["srpo_teacher"] == POLICY_BF16
     assert data["value_model"] == 5_928_403_980 and data["explorer_model"] == EXPLORER_BF16
     assert data["srpo_targets"] > 0
-    main(["plan", "--model", POLICY, "--rollout_filter", "logit_avg"])  # LoRA: no reference row
-    assert "logit-averaging reference" not in capsys.readouterr().out
+    main(["plan", "--model", POLICY, "--rollout_filter", "logit_avg"])  # LoRA: no reference copy, a second KV cache
+    out = capsys.readouterr().out
+    assert "logit-averaging reference (frozen copy)" not in out and "logit-averaging reference KV cache" in out
 
 
 def _recipe_plan(tmp_path, recipe: str, **overrides):
