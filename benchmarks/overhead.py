@@ -48,9 +48,25 @@ def length_reward(completions, **kwargs) -> list[float]:
     return [float(len(t) <= 3) for t in texts]
 
 
+# Documented modes of one variant timed as cases of their own, "id:mode" → flags added to the variant's registry flags.
+MODE_CASES = {"spo_segment:tree": {"spo_segment_mode": "tree"}}
+MODE_WORK = {"spo_segment:tree": "per-token weights; one no-grad forward for rollout log-probs/entropies; each group "
+                                 "regrown as a tree: the rows below the depth-0 nodes continued from their shared "
+                                 "prefixes (one generate call per depth, TRL's generation of those rows spent for "
+                                 "nothing), re-scored, their log-probs redone"}
+
+
+def variant_id(name: str) -> str:
+    """The registry id of a case (`"id:mode"` → `"id"`)."""
+    return name.split(":")[0]
+
+
 def registry_cases() -> dict[str, dict]:
-    """Case name → trl_groupx.GRPOConfig flags: "no flag", then every registered variant with its registry flags."""
-    return {"no flag": {}, **{v.id: dict(v.flags) for v in trl_groupx.list_variants()}}
+    """Case name → trl_groupx.GRPOConfig flags: "no flag", then every registered variant with its registry flags,
+    then the modes of `MODE_CASES`."""
+    cases = {"no flag": {}, **{v.id: dict(v.flags) for v in trl_groupx.list_variants()}}
+    cases.update({name: {**cases[variant_id(name)], **flags} for name, flags in MODE_CASES.items()})
+    return cases
 
 
 def trl_flags(flags: dict) -> dict:
@@ -88,7 +104,7 @@ def timed_step(trainer, step: int) -> float:
 
 
 def measure(name: str, flags: dict, steps: int, tmp: Path) -> dict:
-    requires = set() if name == "no flag" else set(trl_groupx.get_variant(name).requires)
+    requires = set() if name == "no flag" else set(trl_groupx.get_variant(variant_id(name)).requires)
     # a second reward function only where the variant reads the per-function rewards (others expect [0, 1] rewards)
     rewards = [parity_reward, length_reward] if "rewards_per_func" in requires else [parity_reward]
     # the base model under the adapter is the reference (no second model)
@@ -206,6 +222,8 @@ SAMPLING_WORK = {
 def what_it_adds(name: str) -> str:
     if name == "no flag":
         return "nothing (TRL's path)"
+    if name in MODE_WORK:
+        return MODE_WORK[name]
     variant = trl_groupx.get_variant(name)
     if variant.native:
         return "nothing (TRL's own preset)"

@@ -77,7 +77,9 @@ def test_chunked_logps_benchmark_writes_a_ratio_table(tmp_path):
 
 def test_overhead_cases_cover_the_registry(tmp_path):
     overhead = _load("overhead")
-    assert set(overhead.registry_cases()) == {"no flag"} | {v.id for v in trl_groupx.list_variants()}
+    assert set(overhead.registry_cases()) == ({"no flag"} | {v.id for v in trl_groupx.list_variants()}
+                                              | set(overhead.MODE_CASES))
+    assert all(overhead.variant_id(name) in overhead.registry_cases() for name in overhead.MODE_CASES)
     results = overhead.main(["--steps", "1", "--cases", "sign_adv", "--output-dir", str(tmp_path)])
     assert results["sign_adv"]["median_ratio"] > 0
     assert "| sign_adv |" in (tmp_path / "overhead.md").read_text()

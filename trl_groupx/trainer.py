@@ -70,6 +70,8 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
         active = self.args.active_variants() if isinstance(self.args, GRPOConfig) else {}
         self.variants: dict[str, Variant] = {stage: get_variant(vid) for stage, vid in active.items()}
         self._generation_hooks = GenerationHooks(self.variants.get("sampling"))
+        self._spo_tree = (getattr(self.variants.get("token_weights"), "id", None) == "spo_segment"
+                          and self.args.spo_segment_mode == "tree")
         self._rewrites_rollouts = bool({"sampling", "advantages", "token_weights"} & self.variants.keys()) or getattr(
             self.args, "edge_grpo_gec", False)  # GEC re-scores rows: the advantages are recomputed from its rewards
         check_variant_components(self, self.variants)
@@ -171,6 +173,10 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
         inputs = hooks.before(self, inputs, training)
         output = super()._generate_and_score_completions(inputs)
         inputs, output = hooks.after_generation(self, inputs, output, super()._generate_and_score_completions, training)
+        if self._spo_tree and training:  # SPO-tree: each group regrown as the leaf paths of one tree
+            from .token_weights.spo_tree_rollouts import grow_tree_rollouts
+
+            output = grow_tree_rollouts(self, inputs, output)
         if getattr(self.args, "edge_grpo_gec", False) and training:  # EDGE-GRPO GEC: correct wrong responses
             from .sampling.edge_grpo_gec import apply_gec
 
@@ -516,9 +522,14 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             belief_segments, belief_logps = answer_belief(self, output, entropies)
         segment_values = None
         if "segment_mc_values" in requires:  # SPO-chain: MC values at the low-probability cut points (spo_segment)
-            from .token_weights.spo_segment_rollouts import segment_mc_values
+            if self._spo_tree:  # the grown tree's node values at its segment boundaries
+                from .token_weights.spo_tree_rollouts import tree_values
 
-            segment_values = segment_mc_values(self, output, logps)
+                segment_values = tree_values(self, output)
+            else:
+                from .token_weights.spo_segment_rollouts import segment_mc_values
+
+                segment_values = segment_mc_values(self, output, logps)
         prm_step_ids = prm_step_scores = None
         if "prm_step_scores" in requires:  # VeriGate step credit: the step PRM on the degenerate groups only
             from .token_weights.verigate_step import prm_steps_for_batch

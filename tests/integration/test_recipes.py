@@ -39,6 +39,8 @@ TOY_OVERRIDES = {
     "motif": ["--warmup_steps", "0"],  # warmup from lr 0: a one-step run would not move
     "igrpo": ["--igrpo_draft_template", " {draft}"],  # after the recipe's note the toy's refinements all score alike
     "spo_segment": ["--temperature", "1.0"],  # at 0.6 the toy's groups are all-equal and its tokens confident (no cut)
+    # 600-token segments do not fit the toy's 6-token completions: 1-token segments, and more variety (as above)
+    "spo_tree": ["--spo_segment_tree_segment_length", "1", "--temperature", "1.5"],
 }
 
 

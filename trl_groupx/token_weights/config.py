@@ -191,6 +191,14 @@ class TokenWeightArgs:
         (official SPO-chain int5).
     spo_segment_max_cut_points (`int` or `None`, defaults to `None`): at most this many cut points per completion, the
         first ones (None: all, as the official code); caps the cost.
+    spo_segment_mode (`str`, defaults to `"chain"`): `"chain"` (SPO-chain: Monte-Carlo values at low-probability cut
+        points) or `"tree"` (SPO-tree: each group is the leaf slots of a tree of fixed-length segments, whose node
+        values are the mean rewards of their subtrees; no extra Monte-Carlo rollouts).
+    spo_segment_tree_branching (`list[int]` or `None`, defaults to `None`): SPO-tree: children per node at each depth,
+        product `num_generations` (official 6-6-6 for groups of 216); None = the group split as evenly as it can be
+        over three depths (8 → 2-2-2).
+    spo_segment_tree_segment_length (`int` or `None`, defaults to `None`): SPO-tree: M, tokens per segment above the
+        last depth (official 30 on GSM8K, 600 on MATH); None = `max_completion_length // depth`.
     """
 
     token_weighting: str | None = field(
@@ -379,4 +387,11 @@ class TokenWeightArgs:
     )
     spo_segment_max_cut_points: int | None = field(
         default=None, metadata={"help": "SPO-chain: most cut points per completion (None: all)."}
+    )
+    spo_segment_mode: str = field(default="chain", metadata={"help": "SPO: 'chain' (MC cut points) or 'tree'."})
+    spo_segment_tree_branching: list[int] | None = field(
+        default=None, metadata={"help": "SPO-tree: children per node at each depth, product num_generations."}
+    )
+    spo_segment_tree_segment_length: int | None = field(
+        default=None, metadata={"help": "SPO-tree: tokens per segment above the last depth (None: even split)."}
     )

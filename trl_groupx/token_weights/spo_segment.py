@@ -1,5 +1,6 @@
-"""SPO-chain (Segment Policy Optimization): segment advantages from Monte-Carlo values at low-probability cut points
-(`token_weighting="spo_segment"`).
+"""SPO (Segment Policy Optimization): segment advantages from Monte-Carlo values at low-probability cut points
+(SPO-chain, `token_weighting="spo_segment"`) or from the node values of a tree grown from each group (SPO-tree,
+`spo_segment_mode="tree"`, pure parts in `spo_tree.py`, glue in `spo_tree_rollouts.py`).
 
 Pure parts live here: the cut points of one completion (`cut_points`), the per-token segment advantages
 (`segment_advantages`), the probability mask and `masked_whiten`, and the registered variant. The trainer glue that
@@ -39,10 +40,53 @@ def _validate(config) -> None:
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
         raise ValueError(f"spo_segment_max_cut_points must be None (no cap, official) or an integer >= 1 (the first "
                          f"M cut points of each completion are valued), got {cap!r}.")
+    _validate_tree(config)
     if getattr(config, "use_vllm", False):
         raise ValueError(f"token_weighting={VARIANT_ID!r} generates its Monte-Carlo continuations with transformers "
                          "`generate` from prompt + prefix token ids; it is not tested with use_vllm=True. Set "
                          "use_vllm=False, or use another token_weighting.")
+
+
+MODES = ("chain", "tree")
+
+
+def _validate_tree(config) -> None:
+    mode = config.spo_segment_mode
+    if mode not in MODES:
+        raise ValueError(f"spo_segment_mode={mode!r}: use 'chain' (SPO-chain, Monte-Carlo cut points) or 'tree' "
+                         "(SPO-tree, groups grown as trees of fixed-length segments).")
+    if mode != "tree":
+        return
+    from .spo_tree import default_branching
+
+    group = config.num_generations
+    branching = config.spo_segment_tree_branching
+    if branching is not None:
+        if (not isinstance(branching, (list, tuple)) or not branching
+                or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in branching)):
+            raise ValueError(f"spo_segment_tree_branching={branching!r}: use a list of integers >= 1, the children "
+                             "per node at each depth (official [6, 6, 6]), or None for an even split of "
+                             "num_generations.")
+        if math.prod(branching) != group:
+            raise ValueError(f"spo_segment_tree_branching={list(branching)} has product {math.prod(branching)}, but "
+                             f"the tree's leaves are the group: make the product num_generations={group} (e.g. "
+                             f"{default_branching(group)}), or set it to None.")
+    depth = len(branching) if branching else 3
+    segment = config.spo_segment_tree_segment_length
+    if segment is not None and (isinstance(segment, bool) or not isinstance(segment, int) or segment < 1):
+        raise ValueError(f"spo_segment_tree_segment_length={segment!r}: use an integer >= 1 (tokens per segment; "
+                         "official 30 on GSM8K, 600 on MATH) or None (max_completion_length // depth).")
+    if segment is not None and (depth - 1) * segment >= config.max_completion_length:
+        raise ValueError(f"spo_segment_tree_segment_length={segment} × {depth - 1} branching depths ≥ "
+                         f"max_completion_length={config.max_completion_length}: the last depth would have no "
+                         "tokens; shorten the segments or raise max_completion_length.")
+    if getattr(config, "rollout_filter", None) is not None:
+        raise ValueError(f"spo_segment_mode='tree' grows each group into a tree from TRL's rollouts; "
+                         f"rollout_filter={config.rollout_filter!r} also rewrites or drops rollouts, which would "
+                         "break the tree's slots. Unset rollout_filter, or use spo_segment_mode='chain'.")
+    if getattr(config, "edge_grpo_gec", False):
+        raise ValueError("spo_segment_mode='tree' and edge_grpo_gec=True both rewrite the rollouts of a group; "
+                         "use one of them.")
 
 
 # --- cut points ---------------------------------------------------------------------------------------------------
@@ -109,24 +153,29 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, fallback_mask: torch
 
 @register(
     VARIANT_ID,
-    name="SPO (Segment Policy Optimization), SPO-chain: Monte-Carlo segment advantages at low-probability cut points",
+    name="SPO (Segment Policy Optimization): SPO-chain (Monte-Carlo values at low-probability cut points) and SPO-tree "
+         "(groups grown as trees of fixed-length segments)",
     paper="Segment Policy Optimization: Effective Segment-Level Credit Assignment in RL for Large Language Models, "
           "arXiv:2505.23564",
     official_code=OFFICIAL_CODE,
     stage="token_weights",
     flags={"token_weighting": VARIANT_ID, "spo_segment_num_rollouts": 9, "spo_segment_prob_threshold": 0.9,
-           "spo_segment_cut_interval": 5},
+           "spo_segment_cut_interval": 5, "spo_segment_mode": "chain"},
     needs=("K extra sampled continuations per cut point from prompt + completion prefix (K=9: with a share f of "
            "low-probability tokens, ~f·n/interval·K continuations per n-token completion, tens of times GRPO's "
            "generation), scored by the run's reward functions",),
     requires=("old_logps", "segment_mc_values"),
     params=("spo_segment_num_rollouts", "spo_segment_prob_threshold", "spo_segment_cut_interval",
-            "spo_segment_max_cut_points"),
+            "spo_segment_max_cut_points", "spo_segment_mode", "spo_segment_tree_branching",
+            "spo_segment_tree_segment_length"),
     replaces=("advantages",),
     validate=_validate,
 )
 def spo_segment_token_advantages(advantages: torch.Tensor, ctx: TokenContext, *,
-                                 spo_segment_prob_threshold: float) -> torch.Tensor:
+                                 spo_segment_prob_threshold: float, spo_segment_mode: str = "chain",
+                                 spo_segment_tree_branching: list[int] | None = None,
+                                 spo_segment_tree_segment_length: int | None = None,
+                                 max_completion_length: int = 256) -> torch.Tensor:
     r"""SPO-chain: each segment of a completion, cut before its low-probability tokens, is credited with the change of
     the Monte-Carlo value over it; only low-probability tokens train; the result is whitened over the batch.
 
@@ -154,6 +203,26 @@ def spo_segment_token_advantages(advantages: torch.Tensor, ctx: TokenContext, *,
     and the loss's action mask `exp(old_logprobs) < 0.9` (`_compute_actor_loss` l.1057-1059). Config
     `configs/polIter_rho1bSft2_spo_chain_MATH.jsonnet` (samples 9, use_prob_mask true) with
     `configs/episode_generators/interval5.jsonnet` (SPO-chain int5 on GSM8K).
+
+    SPO-tree (`spo_segment_mode="tree"`, official `configs/polIter_qwen1b_spo_tree_MATH.jsonnet`:
+    `hybrid_episode_generator`, `M` 600, depth 3, branching 6-6-6; `polIter_rho1bSft2_spo_tree_GSM8K.jsonnet`: `M` 30):
+    each group is the `G = Π b_d` leaf slots of one tree (`spo_tree.py`, grown by `spo_tree_rollouts.py`), so the
+    cuts are the segment boundaries `j = M, 2M, …` a response reaches and `V(j)` is the mean reward of the slots under
+    that node (official `HybridInferenceStrategy._construct_tree`, `src/treetune/inference_strategies/
+    hybrid_inference_strategy.py` l.333-411: `node["reward"] = mean(child rewards)`); `V(root)` is again the group's
+    mean. The edge advantage `V(child) − V(parent)` is the official `adv_method="rloo"` (`tree_episode_generator.py:
+    extract_edges_from_tree` l.112-176), spread over the segment's tokens (`hybrid_episode_generator.py:
+    _compute_token_advantages` l.610-672); the official tree config keeps the chain trainer's probability mask and
+    whitening (`use_prob_mask: true`, `whiten_advantages: true`), applied here as above. Then
+
+        A_{i,t} ← A_{i,t} / m_{d(t)},   m_d = b_{d+1} ⋯ b_{D−1}
+
+    Tree choices: the official trains each edge once, as its own (prefix → segment) sample; here every slot is a
+    row holding its root-to-leaf path, so a depth-`d` segment appears in `m_d` rows and its advantage is divided by
+    `m_d` (the gradient summed over those rows is one edge's; the loss normaliser still counts every row's
+    tokens). Edges with zero advantage stay in the batch (the official drops them, `only_adv_greater_than_zero`)
+    and no edge replay buffer is kept (the official reuses unseen edges for up to 8 iterations, at most 32 per
+    question). Chain-only flags (`spo_segment_num_rollouts`, `…_cut_interval`, `…_max_cut_points`) are unused.
 
     Choices:
       * V(root): the mean reward of the completion's group over its scored rollouts (G samples from the prompt,
@@ -197,4 +266,11 @@ def spo_segment_token_advantages(advantages: torch.Tensor, ctx: TokenContext, *,
     rows = mask & scored[:, None]
     low = rows & (ctx.logps.to(device).double().exp() < spo_segment_prob_threshold)
     whitened = masked_whiten(raw, low, rows)
-    return torch.where(low, whitened, torch.zeros_like(whitened)).float()
+    out = torch.where(low, whitened, torch.zeros_like(whitened))
+    if spo_segment_mode == "tree":  # each edge of the tree once: a shared segment is split over its rows
+        from .spo_tree import default_branching, segment_multiplicity
+
+        branching = list(spo_segment_tree_branching or default_branching(ctx.group_size))
+        segment = spo_segment_tree_segment_length or max(1, max_completion_length // len(branching))
+        out = out / segment_multiplicity(out.shape[1], branching, segment).to(out)
+    return out.float()
