@@ -177,7 +177,10 @@ class TokenContext:
             continuations of `prompt + completion[:j]` sampled from the policy by TRL's generator and scored by the
             run's reward functions as the response `completion[:j] + continuation`; NaN elsewhere and in evaluation
             (`trl_groupx.token_weights.spo_segment_rollouts`); only for variants that require `"segment_mc_values"`
-            (SPO-chain).
+            (SPO-chain). Under SPO-tree the node values of the group's tree at its segment boundaries instead
+            (`trl_groupx.token_weights.spo_tree_rollouts.tree_values`).
+        segment_multiplicity (`torch.Tensor` or `None`): `(N, T)` float32, SPO-tree only, training batches only: how
+            many rows of the group share each token's tree edge (`spo_tree.segment_multiplicity`).
     """
 
     completion_mask: torch.Tensor
@@ -199,6 +202,7 @@ class TokenContext:
     belief_segment_ids: torch.Tensor | None = None
     answer_belief_logps: torch.Tensor | None = None
     segment_mc_values: torch.Tensor | None = None
+    segment_multiplicity: torch.Tensor | None = None
 
 
 @dataclass

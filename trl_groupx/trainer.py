@@ -520,12 +520,12 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             from .token_weights.belief_probe_forward import answer_belief
 
             belief_segments, belief_logps = answer_belief(self, output, entropies)
-        segment_values = None
+        segment_values = segment_multiplicity = None
         if "segment_mc_values" in requires:  # SPO-chain: MC values at the low-probability cut points (spo_segment)
             if self._spo_tree:  # the grown tree's node values at its segment boundaries
                 from .token_weights.spo_tree_rollouts import tree_values
 
-                segment_values = tree_values(self, output)
+                segment_values, segment_multiplicity = tree_values(self, output)
             else:
                 from .token_weights.spo_segment_rollouts import segment_mc_values
 
@@ -556,6 +556,7 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
             belief_segment_ids=belief_segments,
             answer_belief_logps=belief_logps,
             segment_mc_values=segment_values,
+            segment_multiplicity=segment_multiplicity,
             prm_step_ids=prm_step_ids,
             prm_step_scores=prm_step_scores,
         )

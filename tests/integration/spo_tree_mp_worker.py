@@ -24,7 +24,7 @@ def check(out_dir: Path) -> dict:
                             per_device_train_batch_size=2, num_generations=4, **FLAGS)
     _, output = generate_first_batch(trainer)
     paths = gather_object(responses(output))
-    values = tree_values(trainer, output).nan_to_num(-1).tolist()
+    values = tree_values(trainer, output)[0].nan_to_num(-1).tolist()
     everyone = gather_object([[paths, values, trainer._rewards_per_func.tolist()]])
     tree = all((b[:M] == a[:M] and len(b) > M) if len(a) > M else b == a
                for a, b in ((paths[0], paths[1]), (paths[2], paths[3])))

@@ -48,11 +48,12 @@ def test_tempered_forward_matches_trl(tmp_path):
     logps, ent, tempered = per_token_logps_at_temperatures(trainer.model, ids, attn, k, temperature=0.7,
                                                            temperatures=[1.2, 0.8], batch_size=3)
     mask = inputs["completion_mask"].bool()
-    torch.testing.assert_close(logps, trl_logps * mask, atol=1e-6, rtol=1e-6)
-    torch.testing.assert_close(ent, trl_ent * mask, atol=1e-6, rtol=1e-6)
+    # fp32 in two reduction orders (TRL's forward against ours): a few ulps, more under AVX-512 kernels
+    torch.testing.assert_close(logps, trl_logps * mask, atol=1e-5, rtol=1e-6)
+    torch.testing.assert_close(ent, trl_ent * mask, atol=1e-5, rtol=1e-6)
     for m, t in enumerate((1.2, 0.8)):
         want = (raw / t).log_softmax(-1).gather(-1, inputs["completion_ids"][..., None]).squeeze(-1)
-        torch.testing.assert_close(tempered[..., m], want * mask, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(tempered[..., m], want * mask, atol=1e-5, rtol=1e-6)
     assert (tempered[~mask] == 0).all() and (logps[~mask] == 0).all()
 
 

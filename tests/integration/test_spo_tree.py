@@ -58,7 +58,8 @@ def test_groups_are_regrown_as_tree_paths_and_rescored(tmp_path):
 def test_node_values_sit_at_the_segment_boundaries(tmp_path):
     trainer = tree_trainer(tmp_path)
     _, output = generate_first_batch(trainer)
-    values = tree_values(trainer, output)
+    values, multiplicity = tree_values(trainer, output)
+    assert multiplicity[0, :M].tolist() == [2.0] * M and (multiplicity[:, M:] == 1).all()  # 2-2-1
     rewards = trainer._rewards_per_func[:, 0].cpu()
     lengths = output["completion_mask"].sum(-1)
     for g in range(rewards.numel() // 4):

@@ -172,10 +172,7 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, fallback_mask: torch
     validate=_validate,
 )
 def spo_segment_token_advantages(advantages: torch.Tensor, ctx: TokenContext, *,
-                                 spo_segment_prob_threshold: float, spo_segment_mode: str = "chain",
-                                 spo_segment_tree_branching: list[int] | None = None,
-                                 spo_segment_tree_segment_length: int | None = None,
-                                 max_completion_length: int = 256) -> torch.Tensor:
+                                 spo_segment_prob_threshold: float) -> torch.Tensor:
     r"""SPO-chain: each segment of a completion, cut before its low-probability tokens, is credited with the change of
     the Monte-Carlo value over it; only low-probability tokens train; the result is whitened over the batch.
 
@@ -215,7 +212,7 @@ def spo_segment_token_advantages(advantages: torch.Tensor, ctx: TokenContext, *,
     _compute_token_advantages` l.610-672); the official tree config keeps the chain trainer's probability mask and
     whitening (`use_prob_mask: true`, `whiten_advantages: true`), applied here as above. Then
 
-        A_{i,t} ← A_{i,t} / m_{d(t)},   m_d = b_{d+1} ⋯ b_{D−1}
+        A_{i,t} ← A_{i,t} / m_{d(t)},   m_d = b_{d+1} ⋯ b_{D−1}     (`ctx.segment_multiplicity`, training batches)
 
     Tree choices: the official trains each edge once, as its own (prefix → segment) sample; here every slot is a
     row holding its root-to-leaf path, so a depth-`d` segment appears in `m_d` rows and its advantage is divided by
@@ -267,10 +264,6 @@ def spo_segment_token_advantages(advantages: torch.Tensor, ctx: TokenContext, *,
     low = rows & (ctx.logps.to(device).double().exp() < spo_segment_prob_threshold)
     whitened = masked_whiten(raw, low, rows)
     out = torch.where(low, whitened, torch.zeros_like(whitened))
-    if spo_segment_mode == "tree":  # each edge of the tree once: a shared segment is split over its rows
-        from .spo_tree import default_branching, segment_multiplicity
-
-        branching = list(spo_segment_tree_branching or default_branching(ctx.group_size))
-        segment = spo_segment_tree_segment_length or max(1, max_completion_length // len(branching))
-        out = out / segment_multiplicity(out.shape[1], branching, segment).to(out)
+    if ctx.segment_multiplicity is not None:  # SPO-tree: each edge once, a shared segment split over its rows
+        out = out / ctx.segment_multiplicity.to(out)
     return out.float()

@@ -24,7 +24,7 @@ from ..sampling.dapo_dynamic_sampling import weighted_rewards
 from ..sampling.reference_injection import _recompute_logps, _rescore, replace_completions
 from .spo_segment import VARIANT_ID
 from .spo_segment_rollouts import generate_continuations
-from .spo_tree import default_branching, is_internal, node_values, tree_plan
+from .spo_tree import default_branching, is_internal, node_values, segment_multiplicity, tree_plan
 
 SELECTOR = f"token_weighting={VARIANT_ID!r} with spo_segment_mode='tree'"
 
@@ -116,10 +116,11 @@ def grow_tree_rollouts(trainer: Any, inputs: list[dict[str, Any]], output: dict[
     return output
 
 
-def tree_values(trainer: Any, output: dict[str, Any]) -> torch.Tensor:
+def tree_values(trainer: Any, output: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Requirement `segment_mc_values` in tree mode: global `(N, T)` float32 node values at the segment boundaries
-    of each response (`spo_tree.node_values`), NaN elsewhere and on every token of evaluation batches; identical on
-    every process."""
+    of each response (`spo_tree.node_values`), NaN elsewhere, and the `(N, T)` multiplicity of each token's edge
+    (`spo_tree.segment_multiplicity`); identical on every process. Evaluation batches are not trees: all-NaN values
+    (one segment per completion) and no multiplicity."""
     acc = trainer.accelerator
     mask = output["completion_mask"]
     width = mask.size(1)
@@ -127,7 +128,9 @@ def tree_values(trainer: Any, output: dict[str, Any]) -> torch.Tensor:
         width = int(acc.gather(torch.tensor([width], device=mask.device)).max())
     lengths = acc.gather(mask.sum(-1))
     if not trainer.model.training:
-        return torch.full((lengths.numel(), width), math.nan, dtype=torch.float32, device=mask.device)
+        return torch.full((lengths.numel(), width), math.nan, dtype=torch.float32, device=mask.device), None
     branching, segment = tree_shape(trainer.args, trainer.num_generations)
     rewards = weighted_rewards(trainer._rewards_per_func, trainer.reward_weights)
-    return node_values(rewards, lengths, branching, segment, width).float().to(mask.device)
+    values = node_values(rewards, lengths, branching, segment, width).float().to(mask.device)
+    multiplicity = segment_multiplicity(width, branching, segment).float().to(mask.device)
+    return values, multiplicity.expand(lengths.numel(), width)

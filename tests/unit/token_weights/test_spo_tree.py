@@ -1,6 +1,7 @@
 """SPO-tree (`token_weighting="spo_segment"`, `spo_segment_mode="tree"`): the default branching, the slot plan, node
 values, segment multiplicities and the tree-mode advantages on hand-built trees; config errors."""
 
+import dataclasses
 import math
 
 import pytest
@@ -77,18 +78,19 @@ def test_tree_advantages_hand_computed():
     rewards = torch.tensor([1.0, 0.0, 1.0, 1.0])
     mask = torch.ones(4, 3)
     values = node_values(rewards, torch.tensor([3, 3, 3, 3]), [2, 2], 2, 3).float()
+    multiplicity = segment_multiplicity(3, [2, 2], 2).float().expand(4, 3)
     ctx = TokenContext(completion_mask=mask, group_size=4, logps=torch.full((4, 3), math.log(0.5)),
-                       rewards=rewards, segment_mc_values=values)
-    out = spo_segment_token_advantages(torch.zeros(4), ctx, spo_segment_prob_threshold=0.9, spo_segment_mode="tree",
-                                       spo_segment_tree_branching=[2, 2], spo_segment_tree_segment_length=2)
+                       rewards=rewards, segment_mc_values=values, segment_multiplicity=multiplicity)
+    out = spo_segment_token_advantages(torch.zeros(4), ctx, spo_segment_prob_threshold=0.9)
     # raw: depth-0 tokens (0, 1): V(node) − V(root) = −.25, −.25, .25, .25; depth-1 token 2: R − V(node) =
     # .5, −.5, 0, 0. Whitened over the 12 tokens: mean 0, unbiased var = (8·.0625 + 2·.25) / 11 = 1/11
     scale = 1 / math.sqrt(1 / 11 + 1e-8)
     raw = torch.tensor([[-.25, -.25, .5], [-.25, -.25, -.5], [.25, .25, 0.0], [.25, .25, 0.0]], dtype=torch.float64)
     multiplicity = torch.tensor([2.0, 2.0, 1.0], dtype=torch.float64)
     assert torch.allclose(out.double(), raw * scale / multiplicity, atol=1e-6)
-    # the chain mode of the same inputs does not divide
-    chain = spo_segment_token_advantages(torch.zeros(4), ctx, spo_segment_prob_threshold=0.9)
+    # the chain mode (and an evaluation batch: no multiplicity) does not divide
+    chain = spo_segment_token_advantages(torch.zeros(4), dataclasses.replace(ctx, segment_multiplicity=None),
+                                         spo_segment_prob_threshold=0.9)
     assert torch.allclose(chain.double(), raw * scale, atol=1e-6)
 
 
