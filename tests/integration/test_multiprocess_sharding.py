@@ -72,10 +72,12 @@ def test_two_processes_train_like_one(runs, case):
         torch.testing.assert_close(b, a, atol=atol, rtol=0, msg=f"{case}: advantages differ at step {step}")
     for step, (a, b) in enumerate(zip(single["kept"], multi["kept"], strict=True)):
         assert torch.equal(a, b), f"{case}: kept rollouts differ at step {step}"
-    # DDP averages the ranks' gradients, so the mean of the ranks' losses is the single-process loss
+    # DDP averages the ranks' gradients, so the mean of the ranks' losses is the single-process loss; with token-level
+    # weights, step 1's loss (a token mean of A·ratio) carries the advantages' float noise, bounded as they are
     for step, ([a], b) in enumerate(zip(single["losses"], multi["losses"], strict=True)):
         assert len(b) == 2
-        assert abs(sum(b) / 2 - a) <= 1e-5 + 1e-4 * abs(a), f"{case}: loss differs at step {step}: {a} vs {b}"
+        atol = 2e-3 if token_level and step > 0 else 1e-5
+        assert abs(sum(b) / 2 - a) <= atol + 1e-4 * abs(a), f"{case}: loss differs at step {step}: {a} vs {b}"
     assert single["state"].keys() == multi["state"].keys()
     state_atol = 1e-5 if token_level else 1e-9  # token-level state (dcpo's mean NLL) carries the forward's float noise
     for vid in single["state"]:

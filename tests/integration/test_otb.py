@@ -64,8 +64,9 @@ def test_sum_pi_squared_forward_matches_trl(tmp_path):
             trainer.model, ids, attn, k, batch_size=3, compute_entropy=True)  # TRL's method (fused LM head)
     logps, ent, s2 = per_token_logps_entropies_sum_pi_squared(trainer.model, ids, attn, k, temperature=0.7,
                                                               batch_size=3)
-    torch.testing.assert_close(logps, trl_logps, atol=1e-6, rtol=1e-6)
-    torch.testing.assert_close(ent, trl_ent, atol=1e-6, rtol=1e-6)
+    # fp32 in two reduction orders (TRL's forward against ours): a few ulps, more under AVX-512 kernels
+    torch.testing.assert_close(logps, trl_logps, atol=1e-5, rtol=1e-6)
+    torch.testing.assert_close(ent, trl_ent, atol=1e-5, rtol=1e-6)
     with torch.no_grad():
         logits = trainer.model(input_ids=ids, attention_mask=attn).logits[:, -k - 1:-1] / 0.7
     mask = inputs["completion_mask"].bool()

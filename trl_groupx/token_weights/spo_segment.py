@@ -137,17 +137,19 @@ def segment_advantages(values: torch.Tensor, mask: torch.Tensor, root_values: to
     return torch.where(real, after - before, torch.zeros_like(before))
 
 
-def masked_whiten(values: torch.Tensor, mask: torch.Tensor, fallback_mask: torch.Tensor) -> torch.Tensor:
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, fallback_mask: torch.Tensor,
+                  weights: torch.Tensor | None = None) -> torch.Tensor:
     """`(values − mean) · rsqrt(var + 1e-8)` with the mean and the unbiased variance over the entries of `mask`, or
     of `fallback_mask` when `mask` is empty (official `masked_whiten`). Choice: fewer than two entries give variance
-    0 (the official Bessel factor divides by 0); no entry at all gives zeros."""
+    0 (the official Bessel factor divides by 0); no entry at all gives zeros. `weights` (SPO-tree: `1/m` on a token
+    that `m` rows share) make each entry count `w` times: the statistics of the distinct tokens."""
     used = mask if mask.any() else fallback_mask
-    count = int(used.sum())
+    w = used.to(values.dtype) if weights is None else used.to(values.dtype) * weights.to(values.dtype)
+    count = float(w.sum())
     if count == 0:
         return torch.zeros_like(values)
-    picked = values[used]
-    mean = picked.mean()
-    var = ((picked - mean) ** 2).sum() / max(count - 1, 1) if count > 1 else picked.new_zeros(())
+    mean = (w * values).sum() / count
+    var = (w * (values - mean) ** 2).sum() / (count - 1) if count > 1 else values.new_zeros(())
     return (values - mean) * torch.rsqrt(var + WHITEN_EPS)
 
 
@@ -215,9 +217,10 @@ def spo_segment_token_advantages(advantages: torch.Tensor, ctx: TokenContext, *,
         A_{i,t} ← A_{i,t} / m_{d(t)},   m_d = b_{d+1} ⋯ b_{D−1}     (`ctx.segment_multiplicity`, training batches)
 
     Tree choices: the official trains each edge once, as its own (prefix → segment) sample; here every slot is a
-    row holding its root-to-leaf path, so a depth-`d` segment appears in `m_d` rows and its advantage is divided by
-    `m_d` (the gradient summed over those rows is one edge's; the loss normaliser still counts every row's
-    tokens). Edges with zero advantage stay in the batch (the official drops them, `only_adv_greater_than_zero`)
+    row holding its root-to-leaf path, so a depth-`d` segment appears in `m_d` rows. Its tokens enter the whitening
+    statistics with weight `1/m_d` (the statistics of the distinct edge tokens, the official's) and its advantage is
+    divided by `m_d` (the gradient summed over those rows is one edge's; the loss normaliser still counts every
+    row's tokens). Edges with zero advantage stay in the batch (the official drops them, `only_adv_greater_than_zero`)
     and no edge replay buffer is kept (the official reuses unseen edges for up to 8 iterations, at most 32 per
     question). Chain-only flags (`spo_segment_num_rollouts`, `…_cut_interval`, `…_max_cut_points`) are unused.
 
@@ -262,8 +265,9 @@ def spo_segment_token_advantages(advantages: torch.Tensor, ctx: TokenContext, *,
     raw = segment_advantages(values.to(device), mask, safe_root, safe_rewards)
     rows = mask & scored[:, None]
     low = rows & (ctx.logps.to(device).double().exp() < spo_segment_prob_threshold)
-    whitened = masked_whiten(raw, low, rows)
+    shared = None if ctx.segment_multiplicity is None else ctx.segment_multiplicity.to(raw)  # SPO-tree
+    whitened = masked_whiten(raw, low, rows, None if shared is None else 1.0 / shared)
     out = torch.where(low, whitened, torch.zeros_like(whitened))
-    if ctx.segment_multiplicity is not None:  # SPO-tree: each edge once, a shared segment split over its rows
-        out = out / ctx.segment_multiplicity.to(out)
+    if shared is not None:  # each tree edge once: a shared segment is split over its rows
+        out = out / shared
     return out.float()
