@@ -220,9 +220,10 @@ def spo_segment_token_advantages(advantages: torch.Tensor, ctx: TokenContext, *,
     row holding its root-to-leaf path, so a depth-`d` segment appears in `m_d` rows. Its tokens enter the whitening
     statistics with weight `1/m_d` (the statistics of the distinct edge tokens, the official's) and its advantage is
     divided by `m_d` (the gradient summed over those rows is one edge's; the loss normaliser still counts every
-    row's tokens). Edges with zero advantage stay in the batch (the official drops them, `only_adv_greater_than_zero`)
-    and no edge replay buffer is kept (the official reuses unseen edges for up to 8 iterations, at most 32 per
-    question). Chain-only flags (`spo_segment_num_rollouts`, `…_cut_interval`, `…_max_cut_points`) are unused.
+    row's tokens). Edges with `V(child) = V(parent)` are dropped before the whitening (official
+    `only_adv_greater_than_zero=True`, which keeps `advantage + prover_advantage ≠ 0`, i.e. `V(child) ≠ V(parent)`):
+    their tokens get 0 and stay out of the statistics. No edge replay buffer is kept (the official reuses unseen
+    edges for up to 8 iterations, at most 32 per question). Chain-only flags (`spo_segment_num_rollouts`, `…_cut_interval`, `…_max_cut_points`) are unused.
 
     Choices:
       * V(root): the mean reward of the completion's group over its scored rollouts (G samples from the prompt,
@@ -266,6 +267,9 @@ def spo_segment_token_advantages(advantages: torch.Tensor, ctx: TokenContext, *,
     rows = mask & scored[:, None]
     low = rows & (ctx.logps.to(device).double().exp() < spo_segment_prob_threshold)
     shared = None if ctx.segment_multiplicity is None else ctx.segment_multiplicity.to(raw)  # SPO-tree
+    if shared is not None:  # official `only_adv_greater_than_zero`: edges with V(child) = V(parent) are dropped
+        low = low & (raw != 0)
+        rows = low
     whitened = masked_whiten(raw, low, rows, None if shared is None else 1.0 / shared)
     out = torch.where(low, whitened, torch.zeros_like(whitened))
     if shared is not None:  # each tree edge once: a shared segment is split over its rows

@@ -83,12 +83,18 @@ def test_tree_advantages_hand_computed():
                        rewards=rewards, segment_mc_values=values, segment_multiplicity=multiplicity)
     out = spo_segment_token_advantages(torch.zeros(4), ctx, spo_segment_prob_threshold=0.9)
     # raw: depth-0 tokens (0, 1): V(node) − V(root) = −.25, −.25, .25, .25; depth-1 token 2: R − V(node) =
-    # .5, −.5, 0, 0. The tree's distinct edge tokens: two depth-0 segments of 2 tokens (−.25, .25) and four leaf
-    # tokens (.5, −.5, 0, 0): mean 0, unbiased var = (4·.0625 + 2·.25) / 7 = 3/28 (the rows' duplicates weigh 1/2)
-    scale = 1 / math.sqrt(3 / 28 + 1e-8)
+    # .5, −.5, 0, 0. The two zero-advantage leaf edges (rows 2, 3) are dropped. The distinct edge tokens left: two
+    # depth-0 segments of 2 tokens (−.25, .25) and two leaf tokens (.5, −.5): mean 0, unbiased var =
+    # (4·.0625 + 2·.25) / 5 = 3/20 (the rows' duplicates weigh 1/2)
+    scale = 1 / math.sqrt(3 / 20 + 1e-8)
     raw = torch.tensor([[-.25, -.25, .5], [-.25, -.25, -.5], [.25, .25, 0.0], [.25, .25, 0.0]], dtype=torch.float64)
     multiplicity = torch.tensor([2.0, 2.0, 1.0], dtype=torch.float64)
     assert torch.allclose(out.double(), raw * scale / multiplicity, atol=1e-6)
+    assert (out[2:, 2] == 0).all()
+    # a tree whose edges all keep the value (an all-equal group) trains nothing
+    flat = dataclasses.replace(ctx, rewards=torch.ones(4), segment_mc_values=node_values(
+        torch.ones(4), torch.tensor([3, 3, 3, 3]), [2, 2], 2, 3).float())
+    assert (spo_segment_token_advantages(torch.zeros(4), flat, spo_segment_prob_threshold=0.9) == 0).all()
     # the chain mode (and an evaluation batch: no multiplicity) whitens over every row's tokens and does not divide:
     # var = (8·.0625 + 2·.25) / 11 = 1/11
     chain = spo_segment_token_advantages(torch.zeros(4), dataclasses.replace(ctx, segment_multiplicity=None),
