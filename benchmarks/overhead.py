@@ -208,8 +208,8 @@ SAMPLING_WORK = {
             "ceil(1/p) rollouts, advantages group by group",
     "ebpo_curriculum": "one profiling pass over the dataset at the first step (16 completions per prompt, scored)",
     "soup": "from a prompt's second visit (here every step after the first: each timed step re-serves the same "
-            "batch), one more generate call for the mixed rows' continuations, their re-scoring and a full-batch "
-            "log-prob forward; the stored slots' log-probs every batch",
+            "batch), the mixed rows generated from prompt + stored prefix in TRL's own call, and a full-batch "
+            "log-prob forward for their behaviour log-probs; the stored slots' log-probs every batch",
     "eframe": "for all-fail groups: n extra rollouts at T = 1.2, scored, the |A| > 1 ones appended; a |A| filter; "
               "a replay buffer re-inserted every 5 batches",
     "logit_avg": "a reference forward at every decoding step and in every log-prob forward (mixed logits)",

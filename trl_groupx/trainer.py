@@ -719,6 +719,17 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
     # ---- generation ---------------------------------------------------------------------------------------------
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        """`_generate_rows`, with SOUP's stored prefixes in the mixed rows of a training batch (`sampling/soup_glue.py`:
+        prompt + prefix in, prefix + continuation out, in the same call)."""
+        if getattr(self.variants.get("sampling"), "id", None) == "soup" and self.model.training and not \
+                self._generating_baseline:
+            from .sampling.soup_glue import generate_with_prefixes
+
+            return generate_with_prefixes(self, self._generate_rows, prompt_ids, images, multimodal_fields,
+                                          num_generations, has_tool_images)
+        return self._generate_rows(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+
+    def _generate_rows(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         """TRL's method, run on chunks of at most `generation_micro_group_size` rows when that is set
         (`sampling/micro_groups.py`), and once per temperature of `generation_temperatures` when those apply to this
         batch's group size (`sampling/temperatures.py`; not for the extra baseline completions of remax/aapo); with

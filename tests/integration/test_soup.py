@@ -1,8 +1,8 @@
 """SOUP (rollout_filter="soup") on the tiny model: at a prompt's second visit, the last rollout of its group starts
-with the stored prefix of the first rollout of its previous visit, continues on-policy, is re-scored, and trains
-with the stored log-probs on the prefix and the current policy's on the continuation; f = 0 trains exactly as GRPO;
-the gradient changes against GRPO, full and LoRA; compositions with an objective, an advantage estimator and a KL
-term. Resume: the stateful contract (test_stateful_contract.py); two processes: soup_mp_worker.py."""
+with the stored prefix of the first rollout of its previous visit, continues on-policy in the batch's own generate
+call, is scored with the batch, and trains with the stored log-probs on the prefix and the current policy's on the
+continuation; f = 0 trains exactly as GRPO; the gradient changes against GRPO, full and LoRA; compositions with an
+objective, an advantage estimator and a KL term. Resume: the stateful contract (test_stateful_contract.py); two processes: soup_mp_worker.py."""
 
 import copy
 import json

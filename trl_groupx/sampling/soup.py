@@ -2,8 +2,8 @@
 earlier policy sampled for the same prompt and are continued on-policy; token-level importance ratios correct the
 off-policy prefix.
 
-The rewrite runs in the trainer (`soup_glue.mix_prefix_rollouts`, called from `GRPOTrainer._generate_and_score_
-completions` after TRL's generation and scoring, before the other stages); this module registers the variant,
+The trainer glue (`soup_glue.py`) generates the mixed rows in TRL's own generation call (`generate_with_prefixes`)
+and gives them their behaviour log-probs after scoring (`mix_prefix_rollouts`); this module registers the variant,
 validates its flags, holds the pure parts (the prefix of a stored rollout, which slots are mixed and which are
 stored, the per-token behaviour log-probs of a mixed row) and is the stage's filter, which keeps every rollout.
 """
@@ -99,11 +99,10 @@ def soup(batch: RolloutBatch, *, state: dict) -> torch.Tensor:
       current policy's when the batch is on-policy); only the prefix is stored, `m = ⌊f · n⌋` tokens of the rollout's
       `n` tokens before a final EOS (`prefix_length`, `f = soup_prefix_fraction`, **choice** 0.5).
     - Mixed rollouts (**choice**): on a prompt's next visit, the last `k` slots of its group (`mixed_slots`) are
-      re-generated: stored prefix `j` + the current policy's continuation of `prompt + prefix` (TRL's generator,
-      the run's sampling settings, at most `max_completion_length − m_min` new tokens, cut to
-      `max_completion_length`), then scored by the run's reward functions; a prompt seen for the first time, or
-      whose stored prefixes are empty, keeps its on-policy rollouts. The stored prefixes are then replaced by this
-      visit's (from its on-policy rows, before mixing).
+      stored prefix `j` + the current policy's continuation of `prompt + prefix`, generated in TRL's own call for
+      the batch (the run's sampling settings and `max_completion_length` budget, cut to `max_completion_length`)
+      and scored by TRL with the other rows; a prompt seen for the first time, or whose stored prefixes are empty,
+      keeps its on-policy rollouts. The stored prefixes are then replaced by this visit's (its first `k` rows).
     - Importance ratios (**choice**: the abstract's "token-level importance ratios", read as PPO's per-token ratio
       against the token's own behaviour policy): a mixed row's `old_per_token_logps` are `log π_hist` on the prefix
       and `log π_old` (the generating policy) on the continuation (`mixed_behaviour_logps`), so its prefix tokens
@@ -117,8 +116,7 @@ def soup(batch: RolloutBatch, *, state: dict) -> torch.Tensor:
     Metrics: `groupx/soup_mixed_rows`, `groupx/soup_prefix_tokens_mean` (over mixed rows).
 
     Scope: single-turn text generation with transformers (vLLM refused at config construction; rollout_func, tools
-    and environments at trainer construction); training batches only. TRL's logged `reward` metrics and completions
-    table show the batch as generated, before the rewrite. The buffer holds one prefix and its log-probs per stored
+    and environments at trainer construction); training batches only. The buffer holds one prefix and its log-probs per stored
     slot and prompt (CPU memory and checkpoint size grow with the dataset: about `k · f · L` tokens per prompt).
 
     State (saved with every checkpoint, identical on every process): `prompts`: prompt key → `{"ids": [(m_j,)

@@ -1,8 +1,11 @@
 """SOUP's trainer glue: mix stored prefixes into the training generation batch (formulas and choices: `soup.py`).
 
-Called at the end of TRL's generation and scoring, before the other stages (`GRPOTrainer._generate_and_score_
-completions`). Every process computes the same plan from the gathered batch and the buffer (identical on every
-process), rewrites the mixed rows it owns, and joins the same generation and scoring calls (equal sizes, filler rows).
+Two points, one generation call. `generate_with_prefixes` wraps TRL's `_generate_single_turn` for the batch's own
+generation: a mixed row is generated from `prompt + stored prefix`, and its completion is the prefix followed by the
+continuation, so TRL scores, masks and logs it as any other row. `mix_prefix_rollouts` (after TRL's generation and
+scoring, before the other stages) gives the mixed rows their behaviour log-probs and stores this visit's prefixes.
+Every process plans from the buffer (identical on every process) and its own rows' prompts; TRL's call keeps its
+size.
 """
 
 from __future__ import annotations
@@ -11,9 +14,7 @@ from typing import Any
 
 import torch
 
-from ..advantages._prompt_keys import prompt_keys_from_ids
-from .baseline_rollouts import continue_prefixes
-from .reference_injection import _recompute_logps, _rescore, replace_completions
+from ..advantages._prompt_keys import prompt_key, prompt_keys_from_ids
 from .soup import VARIANT_ID, mixed_behaviour_logps, mixed_slots, prefix_length, stored_slots
 
 _SELECTOR = f"rollout_filter={VARIANT_ID!r}"
@@ -52,20 +53,6 @@ def _stored_rows_logps(trainer: Any, output: dict[str, Any], start: int, group_s
     return logps
 
 
-def _plan(buffer: dict, keys: list[int], group_size: int, k: int) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
-    """(global row, prefix ids, prefix log-probs) of every mixed row: the last `k` slots of each group whose prompt
-    has stored non-empty prefixes."""
-    plan = []
-    for g in range(len(keys) // group_size):
-        entry = buffer.get(keys[g * group_size])
-        if entry is None:
-            continue
-        for slot, ids, logps in zip(mixed_slots(group_size, k), entry["ids"], entry["logps"]):
-            if ids.numel():
-                plan.append((g * group_size + slot, ids, logps))
-    return plan
-
-
 def _store(buffer: dict, keys: list[int], ids: torch.Tensor, mask: torch.Tensor, logps: torch.Tensor,
            group_size: int, k: int, fraction: float, eos_ids: set[int]) -> None:
     """Replace each prompt's stored prefixes by those of its on-policy rollouts in this batch (`stored_slots`)."""
@@ -80,64 +67,80 @@ def _store(buffer: dict, keys: list[int], ids: torch.Tensor, mask: torch.Tensor,
         buffer[keys[g * group_size]] = entry
 
 
+def _plan(buffer: dict, keys: list[int], group_size: int, k: int, start: int = 0
+          ) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
+    """(row, prefix ids, prefix log-probs) of every mixed row among rows `start, start + 1, …` (keyed `keys`): the
+    last `k` slots of each group whose prompt has stored non-empty prefixes; the `j`-th mixed slot takes the `j`-th
+    stored prefix. Rows are numbered from 0 in `keys`."""
+    slots = mixed_slots(group_size, k)
+    plan = []
+    for i, key in enumerate(keys):
+        slot = (start + i) % group_size
+        entry = buffer.get(key) if slot in slots else None
+        if entry is not None and entry["ids"][slots.index(slot)].numel():
+            plan.append((i, entry["ids"][slots.index(slot)], entry["logps"][slots.index(slot)]))
+    return plan
+
+
+def plan_prefixes(trainer: Any, prompt_ids: list[list[int]]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """This process's mixed rows of the batch being generated (from earlier batches' prefixes only): local row →
+    (stored prefix ids, their log-probs)."""
+    args, acc = trainer.args, trainer.accelerator
+    buffer = trainer.variant_state[VARIANT_ID].get("prompts", {})
+    if args.soup_prefix_fraction == 0 or not buffer:
+        return {}
+    keys = [prompt_key(torch.tensor(ids, dtype=torch.int64)) for ids in prompt_ids]
+    plan = _plan(buffer, keys, trainer.num_generations, args.soup_mixed_rollouts,
+                 acc.process_index * len(prompt_ids))
+    return {i: (ids, logps) for i, ids, logps in plan}
+
+
+def generate_with_prefixes(trainer: Any, generate: Any, prompt_ids: list[list[int]], images: Any,
+                           multimodal_fields: Any, num_generations: int, has_tool_images: bool = False) -> Any:
+    """TRL's `_generate_single_turn` (`generate`) on the training batch with the mixed rows generated from
+    `prompt + prefix`; their completions are `prefix + continuation`, cut at `max_completion_length` (the continuation
+    has TRL's `max_completion_length` budget: past it, the cut, as a shorter budget would give). Records the plan
+    in `trainer._soup_plan` for `mix_prefix_rollouts`."""
+    plan = plan_prefixes(trainer, prompt_ids)
+    trainer._soup_plan = plan
+    if not plan:
+        return generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+    prompts = [list(ids) + plan[i][0].tolist() if i in plan else ids for i, ids in enumerate(prompt_ids)]
+    completion_ids, logprobs = generate(prompts, images, multimodal_fields, num_generations, has_tool_images)
+    limit = trainer.max_completion_length
+    completion_ids = [(plan[i][0].tolist() + list(ids))[:limit] if i in plan else ids
+                      for i, ids in enumerate(completion_ids)]
+    return completion_ids, logprobs
+
+
 def mix_prefix_rollouts(trainer: Any, inputs: list[dict[str, Any]], output: dict[str, Any]) -> dict[str, Any]:
-    """SOUP on one training generation batch: returns the local `output` with the mixed rows rewritten (prefix +
-    on-policy continuation, behaviour log-probs per token) and updates `trainer._rewards_per_func` at those rows and
-    the prefix buffer."""
+    """SOUP after one training generation batch: the mixed rows' behaviour log-probs (stored ones on the prefix, the
+    generating policy's on the continuation), then this visit's prefixes into the buffer. Returns the local
+    `output`."""
     args, acc = trainer.args, trainer.accelerator
     fraction, k, group_size = args.soup_prefix_fraction, args.soup_mixed_rollouts, trainer.num_generations
     metrics = trainer._metrics["train"]
+    plan = getattr(trainer, "_soup_plan", None) or {}
+    trainer._soup_plan = None
     if fraction == 0:  # no prefix is ever stored: GRPO, without the extra forward
         metrics["groupx/soup_mixed_rows"].append(0.0)
         return output
+    counts = torch.tensor([len(plan), sum(p.numel() for p, _ in plan.values())], device=acc.device)
+    mixed, prefix_tokens = (acc.gather(counts[None]).sum(0) if acc.num_processes > 1 else counts).tolist()
+    metrics["groupx/soup_mixed_rows"].append(float(mixed))
+    if mixed:
+        if "old_per_token_logps" not in output:  # mixed rows need theirs: every other row's is the current policy's
+            current, _ = trainer._rollout_logps(output, trainer.model, compute_entropy=False)
+            output = {**output, "old_per_token_logps": current * output["completion_mask"]}
+        old = output["old_per_token_logps"]
+        for row, (_, prefix_logps) in plan.items():
+            old[row] = mixed_behaviour_logps(old[row], prefix_logps) * output["completion_mask"][row]
+        metrics["groupx/soup_prefix_tokens_mean"].append(prefix_tokens / mixed)
     local_n = output["completion_ids"].size(0)
-    start = acc.process_index * local_n
     behaviour = output.get("old_per_token_logps")
     if behaviour is None:  # an on-policy batch: the sampling policy is the current one, needed for the stored rows
-        behaviour = _stored_rows_logps(trainer, output, start, group_size, k)
+        behaviour = _stored_rows_logps(trainer, output, acc.process_index * local_n, group_size, k)
     keys, ids, mask, logps = _global_batch(trainer, output, behaviour)
     buffer = trainer.variant_state[VARIANT_ID].setdefault("prompts", {})
-    plan = _plan(buffer, keys, group_size, k)  # from earlier batches only
     _store(buffer, keys, ids, mask, logps, group_size, k, fraction, set(trainer.eos_token_ids))
-    metrics["groupx/soup_mixed_rows"].append(float(len(plan)))
-    if not plan:
-        return output
-    if "old_per_token_logps" not in output:  # mixed rows need theirs: every other row's is the current policy's
-        current, _ = trainer._rollout_logps(output, trainer.model, compute_entropy=False)
-        output = {**output, "old_per_token_logps": current * output["completion_mask"]}
-    metrics["groupx/soup_prefix_tokens_mean"].append(sum(p.numel() for _, p, _ in plan) / len(plan))
-
-    # this process's mixed rows: continue their prefixes (same budget and call size on every process)
-    mine = [(row - start, prefix, prefix_logps) for row, prefix, prefix_logps in plan if start <= row < start + local_n]
-    rows = [r for r, _, _ in mine]
-    max_length = trainer.max_completion_length
-    budget = max(max_length - min(p.numel() for _, p, _ in plan), 1)
-    prefixes = [p.tolist() for _, p, _ in mine]
-    continuations = continue_prefixes(trainer, output, rows, prefixes, budget)
-    new_ids = [(p + c)[:max_length] for p, c in zip(prefixes, continuations, strict=True)]
-
-    output = replace_completions(output, rows, new_ids, trainer._tokenizer.pad_token_id, selector=_SELECTOR)
-    if trainer.mask_truncated_completions:  # TRL's rule: a completion without EOS at its end is masked
-        ends = [*trainer.eos_token_ids, trainer._tokenizer.pad_token_id]
-        for row, seq in zip(rows, new_ids, strict=True):
-            if not seq or seq[-1] not in ends:
-                output["completion_mask"][row] = 0
-    _recompute_logps(trainer, output, rows)  # current-policy (and reference) log-probs of the whole new rows
-    old = output["old_per_token_logps"]
-    for row, (_, _, prefix_logps) in zip(rows, mine, strict=True):
-        old[row] = mixed_behaviour_logps(old[row], prefix_logps) * output["completion_mask"][row]
-    loss_mask = output["completion_mask"] * output.get("tool_mask", 1)
-    output["num_items_in_batch"] = acc.gather(loss_mask.sum()).sum()
-
-    # score the mixed rows (gathered, process order) and put their rewards in the global batch
-    per_process = [[row for row, _, _ in plan if p * local_n <= row < (p + 1) * local_n]
-                   for p in range(acc.num_processes)]
-    count = max(len(r) for r in per_process)
-    scored = _rescore(trainer, inputs, rows, new_ids, count)  # (P × count, K)
-    targets = torch.tensor([row for r in per_process for row in r], dtype=torch.long)
-    source = torch.tensor([p * count + j for p, r in enumerate(per_process) for j in range(len(r))], dtype=torch.long)
-    rewards_per_func = trainer._rewards_per_func.clone()
-    rewards_per_func[targets.to(rewards_per_func.device)] = scored.index_select(
-        0, source.to(scored.device)).to(rewards_per_func)
-    trainer._rewards_per_func = rewards_per_func
     return output
