@@ -201,9 +201,8 @@ SAMPLING_WORK = {
             "(here from the 5th step: every timed step re-serves the same first batch, 4 rollouts per prompt each)",
     "s2l_po": "the explorer generates the batches of the official schedule's explorer steps (here the tiny model "
               "itself, so the cost is the model swap)",
-    "pilot_commit": "pilot rollouts per candidate prompt, generated and scored, before the committed batch; TRL "
-                    "still generates every committed row, and the first rows of each group are then overwritten by "
-                    "the prompt's pilot rollouts (generation spent on them is wasted)",
+    "pilot_commit": "pilot rollouts per candidate prompt, generated and scored, before the committed batch; the "
+                    "committed groups' first rows are the stored pilot rollouts (not generated again)",
     "sgpo": "one profiling pass over the dataset at the first step (S completions per prompt, scored); groups of "
             "ceil(1/p) rollouts, advantages group by group",
     "ebpo_curriculum": "one profiling pass over the dataset at the first step (16 completions per prompt, scored)",

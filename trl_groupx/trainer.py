@@ -719,15 +719,11 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
     # ---- generation ---------------------------------------------------------------------------------------------
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        """`_generate_rows`, with SOUP's stored prefixes in the mixed rows of a training batch (`sampling/soup_glue.py`:
-        prompt + prefix in, prefix + continuation out, in the same call)."""
-        if getattr(self.variants.get("sampling"), "id", None) == "soup" and self.model.training and not \
-                self._generating_baseline:
-            from .sampling.soup_glue import generate_with_prefixes
-
-            return generate_with_prefixes(self, self._generate_rows, prompt_ids, images, multimodal_fields,
-                                          num_generations, has_tool_images)
-        return self._generate_rows(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+        """`_generate_rows`, wrapped for a training batch's own generation by the sampling variant's `generate` hook
+        (`sampling/generation_hooks.py`: SOUP's prefixes, Pilot-Commit's stored pilot rollouts)."""
+        own_batch = self.model.training and not self._generating_baseline
+        generate = self._generation_hooks.generate(self, self._generate_rows, own_batch)
+        return generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
 
     def _generate_rows(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         """TRL's method, run on chunks of at most `generation_micro_group_size` rows when that is set

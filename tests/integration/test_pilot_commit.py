@@ -42,14 +42,15 @@ class ScriptedReward:
 
 
 class TaggedReward(ScriptedReward):
-    """ScriptedReward plus 0.001 × the completion's length in characters on MIXED prompts: the same successes and
-    p̂, but a row's reward tells which completion it scored."""
+    """ScriptedReward plus, on MIXED prompts, 0.001 × the completion's length in characters and 0.0001 × the number
+    of the call: the same successes and p̂, but a row's reward tells which completion it scored, and when."""
 
     def __call__(self, prompts, completions, **kwargs):
         rewards = super().__call__(prompts, completions)
         ids = self.calls[-1][0]
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        rewards = [r + 0.001 * len(t) if i in MIXED else r for r, i, t in zip(rewards, ids, texts)]
+        tag = 1e-4 * len(self.calls)
+        rewards = [r + 0.001 * len(t) + tag if i in MIXED else r for r, i, t in zip(rewards, ids, texts)]
         self.calls[-1] = (ids, rewards)
         return rewards
 
@@ -111,7 +112,16 @@ def grpo_advantages(rewards):
 
 def test_committed_groups_train_their_pilot_rollouts_with_the_stored_rewards(tmp_path, commits, pilots):
     trainer, reward = scripted(tmp_path, reward_class=TaggedReward)  # PILOT = 2 pilots reused of G = 4
+    generated, generate_rows = [], trainer._generate_rows
+
+    def recording(prompt_ids, *args):
+        generated.append((len(prompt_ids), trainer._generating_baseline))
+        return generate_rows(prompt_ids, *args)
+
+    trainer._generate_rows = recording
     output = first_committed_batch(trainer)
+    # the batch's own call generated only the fresh rows: 2 committed groups × (G − PILOT)
+    assert [n for n, aside in generated if not aside] == [2 * (G - PILOT)]
     committed = commits[0][0]
     trained = torch.tensor(reward.calls[-1][1])  # the training call: TRL's G fresh rows per committed prompt
     ids, mask = output["completion_ids"], output["completion_mask"]
@@ -128,7 +138,7 @@ def test_committed_groups_train_their_pilot_rollouts_with_the_stored_rewards(tmp
                 replaced_differ |= abs(float(trained[row]) - expected_rewards[-1]) > 1e-9
             else:  # a fresh rollout, with the reward the training call gave it
                 expected_rewards.append(float(trained[row]))
-    assert replaced_differ  # the overwritten fresh rows scored otherwise: the stored rewards are what is used
+    assert replaced_differ  # the training call scored the pilots again, otherwise: the stored rewards are used
     expected = torch.tensor(expected_rewards, dtype=torch.float32)
     assert torch.allclose(trainer._rewards_per_func[:, 0].cpu(), expected)
     want = torch.cat([grpo_advantages(expected[g * G:(g + 1) * G]) for g in range(len(committed))])

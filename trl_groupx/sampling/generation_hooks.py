@@ -15,6 +15,10 @@ trainer's generation helpers):
    the objective's per-row inputs are built (RC-GRPO takes its condition tokens out of the loss mask).
 4. `append_rows` — `(trainer, inputs, output) -> output`, last, once every per-row tensor exists: rows appended to
    the batch (RePO's replay, EFRame's exploration and replay rows).
+5. `generate` — `(trainer, generate, prompt_ids, images, multimodal_fields, num_generations, has_tool_images) ->
+   (completion_ids, logprobs)`, around TRL's `_generate_single_turn` for the batch's own generation (not the
+   completions generated aside): what some rows are generated from, or which rows need no generation (SOUP's
+   prefixes, Pilot-Commit's stored pilot rollouts).
 
 Each point of an entry says whether it also runs on evaluation batches (`always`); by default it runs on training
 batches only. Flag-switched mechanisms that are not a `rollout_filter` (EDGE-GRPO's GEC, HAPO's adaptive
@@ -23,6 +27,7 @@ temperature) stay in the trainer.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,12 +40,14 @@ from typing import Any
 #   "batch":    fn(trainer, inputs, output) -> output
 #   "output":   fn(trainer, output) -> output
 #   "in_place": fn(trainer, output) -> None (edits output)
+#   "wrap":     fn(trainer, generate, *generate_args) -> generate's result
 _POINT_CALLS = {"before": ("rows", "reset"), "after_generation": ("pair", "batch", "in_place"),
-                "after_stages": ("batch", "output", "in_place"), "append_rows": ("batch", "output", "in_place")}
+                "after_stages": ("batch", "output", "in_place"), "append_rows": ("batch", "output", "in_place"),
+                "generate": ("wrap",)}
 
 
 def _adapt(fn: Callable[..., Any], call: str, point: str) -> Callable[..., Any]:
-    if call in ("rows", "pair") or (call == "batch" and point != "after_generation"):
+    if call in ("rows", "pair", "wrap") or (call == "batch" and point != "after_generation"):
         return fn
     if call == "reset":
         def before(trainer: Any, inputs: list) -> list:
@@ -88,8 +95,10 @@ HOOKS: dict[str, dict[str, Hook]] = {
     "dapo_dynamic_sampling": {"after_generation": Hook("dapo_dynamic_sampling:refill_generation_batch", "pair")},
     "gcpo_ref": {"after_generation": Hook("reference_injection:inject_reference_solutions", "batch")},
     "lspo": {"after_generation": Hook("lspo_scaffold:scaffold_cliff_groups", "batch")},
-    "soup": {"after_generation": Hook("soup_glue:mix_prefix_rollouts", "batch")},
-    "pilot_commit": {"after_generation": Hook("pilot_commit_glue:reuse_pilot_rollouts", "batch")},
+    "soup": {"generate": Hook("soup_glue:generate_with_prefixes", "wrap"),
+             "after_generation": Hook("soup_glue:mix_prefix_rollouts", "batch")},
+    "pilot_commit": {"generate": Hook("pilot_commit_glue:generate_with_pilots", "wrap"),
+                     "after_generation": Hook("pilot_commit_glue:reuse_pilot_rollouts", "batch")},
     "repo": {"append_rows": Hook("replay:append_replay_rows", "output")},
     "eframe": {"append_rows": Hook("eframe_glue:eframe_step", "batch")},
 }
@@ -119,6 +128,12 @@ class GenerationHooks:
     def after_stages(self, trainer: Any, inputs: list, output: dict, training: bool) -> dict:
         hook = self._get("after_stages", training)
         return output if hook is None else hook(trainer, inputs, output)
+
+    def generate(self, trainer: Any, generate: Callable, training: bool) -> Callable:
+        """`generate` (TRL's `_generate_single_turn`, bound), wrapped by the variant's `generate` hook when it has
+        one and this is a training batch's own generation."""
+        hook = self._get("generate", training)
+        return generate if hook is None else functools.partial(hook, trainer, generate)
 
     def append_rows(self, trainer: Any, inputs: list, output: dict, training: bool) -> dict:
         hook = self._get("append_rows", training)

@@ -363,26 +363,25 @@ def pilot_commit(batch: RolloutBatch, *, state: dict) -> torch.Tensor:
        high`; exclude `p̂ ≥ pilot_commit_exclude_threshold`. After `pilot_commit_max_rounds` rounds (0 = no limit)
        a short batch is filled with this batch's piloted prompts nearest to the band (**choice**: the official
        loop raises after `max_num_gen_batches`; `groupx/pilot_commit_filled` counts them).
-    3. TRL generates `num_generations` (`G`) rollouts for each committed prompt; the first `n_eff =
-       pilot_commit_reused_pilots` rows of each group are then replaced by `n_eff` of that prompt's stored pilot
-       rollouts, with their stored rewards (official `fit` 495–500 and 653–664: the commit group is `n_effective`
-       pilot responses followed by the `n` fresh ones). GRPO's advantages are taken over the whole group.
+    3. Each committed prompt's group of `num_generations` (`G`) rows: the first `n_eff = pilot_commit_reused_pilots`
+       rows are `n_eff` of its stored pilot rollouts, which TRL's generation call skips
+       (`pilot_commit_glue.generate_with_pilots`), with their stored rewards; the rest are generated fresh (official
+       `fit` 495–500 and 653–664: the commit group is `n_effective` pilot responses followed by the `n` fresh
+       ones). GRPO's advantages are taken over the whole group.
 
     The pilot rollouts are the response rule's pick (official `ReplayBuffer.sample`, `buffer_response_sampling_method
     = max_variance`, `_maxvar_downsample_binary` 207–239): all of them when `n_eff = pilot_commit_pilot_samples`
     (the default, official `n_effective: null`), else `max_variance_subset` (half successes, half failures, seeded
     `[seed, step, prompt]`). They are trained as they are, without off-policy correction (official: verl recomputes
-    the old log-probs of the whole batch with the current actor, `fit` 718–728, so their ratio starts at 1; here the
-    replaced rows' old and reference log-probs are recomputed by the current and reference models).
+    the old log-probs of the whole batch with the current actor, `fit` 718–728, so their ratio starts at 1; here
+    TRL computes their old and reference log-probs with the other rows').
     `groupx/pilot_commit_reused_rows` counts them; `groupx/pilot_commit_pilot_age` is their mean age in pilot rounds.
 
     Choices (TRL has one group size per run and fixed-size generation batches):
 
     - **One group of `num_generations` rows holds pilots and fresh rollouts**: `G = n_eff + n_commit`, the official
       scripts' total (p32c96: 128 = 32 + 96; p16c48). The default pilot count is `G // 4` (at least 2), their split.
-      TRL generates all `G` rows and `n_eff` of them are overwritten: that generation is wasted (`n_eff / G` of a
-      committed batch's generation, measured in `benchmarks/`); generating fewer rows would need TRL's per-process
-      batch shapes to vary.
+      TRL's generation call runs on the `G − n_eff` fresh rows of each group only.
     - `pilot_commit_reused_pilots=0` trains fresh rollouts only (the pilots only select).
     - `pilot_commit_selection` is the *prompt* rule (`random`, the config default; `max_variance`; `most_recent`);
       the response rule is always `max_variance`, as the official config.

@@ -18,7 +18,6 @@ from ._scoring import score_aside
 from .baseline_rollouts import generate_aside
 from .dapo_dynamic_sampling import weighted_rewards
 from .pilot_commit import VARIANT_ID, max_variance_subset
-from .reference_injection import _recompute_logps, replace_completions
 
 _SELECTOR = f"rollout_filter={VARIANT_ID!r}"
 
@@ -97,40 +96,58 @@ class PilotRecorder:
         state["commit_pilots"] = chosen
 
 
+def pilot_rows(trainer: Any, local_n: int) -> dict[int, list[int]]:
+    """This process's rows that hold a committed prompt's pilot rollouts: local row → its completion ids (rows
+    `g·G … g·G + n_eff − 1` of committed group `g`, from `state["commit_pilots"]`)."""
+    chosen = trainer.variant_state[VARIANT_ID].get("commit_pilots")
+    if not chosen:
+        return {}
+    acc, group_size = trainer.accelerator, trainer.num_generations
+    if len(chosen) * group_size != local_n * acc.num_processes:
+        raise RuntimeError(f"{_SELECTOR}: {local_n * acc.num_processes} rollouts for {len(chosen)} committed groups "
+                           f"of {group_size}.")
+    start = acc.process_index * local_n
+    return {g * group_size + slot - start: ids.tolist() for g, entry in enumerate(chosen)
+            for slot, ids in enumerate(entry["ids"]) if start <= g * group_size + slot < start + local_n}
+
+
+def generate_with_pilots(trainer: Any, generate: Any, prompt_ids: list[list[int]], images: Any,
+                         multimodal_fields: Any, num_generations: int, has_tool_images: bool = False) -> Any:
+    """The `generate` hook: TRL's `_generate_single_turn` (`generate`) on the training batch's rows that are not pilot
+    rows; the pilot rows get their stored completions, so TRL masks, scores and logs them with the rest and no
+    generation is spent on them. A process with nothing to generate still makes the call (on its first prompt, the
+    result dropped): generation may gather parameters across processes."""
+    pilots = pilot_rows(trainer, len(prompt_ids))
+    if not pilots:
+        return generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+    fresh = [i for i in range(len(prompt_ids)) if i not in pilots]
+    completions, _ = generate([prompt_ids[i] for i in fresh or [0]], images, multimodal_fields, num_generations,
+                              has_tool_images)
+    out: list[list[int]] = [[] for _ in prompt_ids]
+    for i, ids in zip(fresh, completions):
+        out[i] = list(ids)
+    for i, ids in pilots.items():
+        out[i] = ids
+    return out, None  # transformers generation keeps no sampling log-probs (vLLM is refused)
+
+
 def reuse_pilot_rollouts(trainer: Any, inputs: list[dict[str, Any]], output: dict[str, Any]) -> dict[str, Any]:
-    """The `after_generation` hook: rows `g·G … g·G + n_eff − 1` of committed group `g` become its chosen pilot
-    rollouts (completions from `state["commit_pilots"]`, per-function rewards into `trainer._rewards_per_func`), with
-    the current and reference models' log-probs recomputed. Returns the local `output`."""
+    """The `after_generation` hook: the pilot rows (generated as their stored completions by `generate_with_pilots`)
+    take their stored per-function rewards in `trainer._rewards_per_func` (the official reuses the pilot's scores;
+    TRL re-scored them, which a non-deterministic reward would change); then the batch's pilots are cleared."""
     state = trainer.variant_state[VARIANT_ID]
     chosen = state.pop("commit_pilots", None)
     metrics = trainer._metrics["train"]
     if not chosen:
         metrics["groupx/pilot_commit_reused_rows"].append(0.0)
         return output
-    acc, group_size = trainer.accelerator, trainer.num_generations
-    local_n = output["completion_ids"].size(0)
-    start = acc.process_index * local_n
-    if len(chosen) * group_size != local_n * acc.num_processes:
-        raise RuntimeError(f"{_SELECTOR}: {local_n * acc.num_processes} rollouts for {len(chosen)} committed groups "
-                           f"of {group_size}.")
-    plan = [(g * group_size + slot, ids, entry["rewards"][slot])
-            for g, entry in enumerate(chosen) for slot, ids in enumerate(entry["ids"])]
-    mine = [(row - start, ids) for row, ids, _ in plan if start <= row < start + local_n]
-    rows, ids = [r for r, _ in mine], [i.tolist() for _, i in mine]
-    output = replace_completions(output, rows, ids, trainer._tokenizer.pad_token_id, selector=_SELECTOR)
-    if trainer.mask_truncated_completions:  # TRL's rule: a completion without EOS at its end is masked
-        ends = [*trainer.eos_token_ids, trainer._tokenizer.pad_token_id]
-        for row, seq in zip(rows, ids, strict=True):
-            if not seq or seq[-1] not in ends:
-                output["completion_mask"][row] = 0
-    _recompute_logps(trainer, output, rows)
-    loss_mask = output["completion_mask"] * output.get("tool_mask", 1)
-    output["num_items_in_batch"] = acc.gather(loss_mask.sum()).sum()
+    group_size = trainer.num_generations
+    rows = [g * group_size + slot for g, entry in enumerate(chosen) for slot in range(len(entry["ids"]))]
     rewards_per_func = trainer._rewards_per_func.clone()
-    targets = torch.tensor([row for row, _, _ in plan], dtype=torch.long, device=rewards_per_func.device)
-    rewards_per_func[targets] = torch.stack([r for _, _, r in plan]).to(rewards_per_func)
+    targets = torch.tensor(rows, dtype=torch.long, device=rewards_per_func.device)
+    rewards_per_func[targets] = torch.cat([entry["rewards"] for entry in chosen]).to(rewards_per_func)
     trainer._rewards_per_func = rewards_per_func
     rounds = state["committed_rounds"].double()
-    metrics["groupx/pilot_commit_reused_rows"].append(float(len(plan)))
+    metrics["groupx/pilot_commit_reused_rows"].append(float(len(rows)))
     metrics["groupx/pilot_commit_pilot_age"].append(float((rounds[:, 1] - rounds[:, 0]).mean()))
     return output
