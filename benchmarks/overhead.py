@@ -51,9 +51,9 @@ def length_reward(completions, **kwargs) -> list[float]:
 # Documented modes of one variant timed as cases of their own, "id:mode" → flags added to the variant's registry flags.
 MODE_CASES = {"spo_segment:tree": {"spo_segment_mode": "tree"}}
 MODE_WORK = {"spo_segment:tree": "per-token weights; one no-grad forward for rollout log-probs/entropies; each group "
-                                 "regrown as a tree: the rows below the depth-0 nodes continued from their shared "
-                                 "prefixes (one generate call per depth, TRL's generation of those rows spent for "
-                                 "nothing), re-scored, their log-probs redone"}
+                                 "grown as a tree in the batch's generation: TRL's call on the depth-0 spines, then "
+                                 "one generate call per depth for the rows below, continued from their shared "
+                                 "prefixes"}
 
 
 def variant_id(name: str) -> str:

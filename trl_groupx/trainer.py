@@ -173,10 +173,6 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
         inputs = hooks.before(self, inputs, training)
         output = super()._generate_and_score_completions(inputs)
         inputs, output = hooks.after_generation(self, inputs, output, super()._generate_and_score_completions, training)
-        if self._spo_tree and training:  # SPO-tree: each group regrown as the leaf paths of one tree
-            from .token_weights.spo_tree_rollouts import grow_tree_rollouts
-
-            output = grow_tree_rollouts(self, inputs, output)
         if getattr(self.args, "edge_grpo_gec", False) and training:  # EDGE-GRPO GEC: correct wrong responses
             from .sampling.edge_grpo_gec import apply_gec
 
@@ -720,9 +716,14 @@ class GRPOTrainer(ModelCardMixin, trl.GRPOTrainer):
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         """`_generate_rows`, wrapped for a training batch's own generation by the sampling variant's `generate` hook
-        (`sampling/generation_hooks.py`: SOUP's prefixes, Pilot-Commit's stored pilot rollouts)."""
+        (`sampling/generation_hooks.py`: SOUP's prefixes, Pilot-Commit's stored pilot rollouts) and by SPO-tree's
+        growth (`token_weights/spo_tree_rollouts.py`)."""
         own_batch = self.model.training and not self._generating_baseline
         generate = self._generation_hooks.generate(self, self._generate_rows, own_batch)
+        if self._spo_tree and own_batch:  # SPO-tree: each group grown as the leaf paths of one tree
+            from .token_weights.spo_tree_rollouts import generate_tree
+
+            generate = functools.partial(generate_tree, self, generate)
         return generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
 
     def _generate_rows(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):

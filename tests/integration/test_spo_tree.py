@@ -1,6 +1,7 @@
-"""SPO-tree (`token_weighting="spo_segment"`, `spo_segment_mode="tree"`) on the tiny model: each group is regrown as
-the leaf paths of a 2-2-1 tree of 3-token segments (slots sharing a node share its tokens, or copy a leaf's
-response), the rewritten rows are re-scored, the node values sit at the segment boundaries, the gradient changes
+"""SPO-tree (`token_weighting="spo_segment"`, `spo_segment_mode="tree"`) on the tiny model: each group is grown as the
+leaf paths of a 2-2-1 tree of 3-token segments (slots sharing a node share its tokens, or copy a leaf's response),
+in the batch's own generation (TRL's call on the spines only), every row is scored as it stands, the node values sit
+at the segment boundaries, the gradient changes
 against plain GRPO (full and LoRA), and two processes grow the same trees when a group spans both."""
 
 from __future__ import annotations
@@ -31,8 +32,15 @@ def responses(output):
     return [ids[: int(m.sum())].tolist() for ids, m in zip(output["completion_ids"], output["completion_mask"])]
 
 
-def test_groups_are_regrown_as_tree_paths_and_rescored(tmp_path):
+def test_groups_are_grown_as_tree_paths_and_scored(tmp_path):
     trainer = tree_trainer(tmp_path)
+    generated, generate_rows = [], trainer._generate_rows
+
+    def recording(prompt_ids, *args):
+        generated.append(len(prompt_ids))
+        return generate_rows(prompt_ids, *args)
+
+    trainer._generate_rows = recording
     rows, output = generate_first_batch(trainer)
     paths = responses(output)
     continued = copied = 0
@@ -47,6 +55,9 @@ def test_groups_are_regrown_as_tree_paths_and_rescored(tmp_path):
                 assert slot == spine
                 copied += 1
     assert continued > 0
+    # TRL's call: the 2 depth-0 spines of each of the 2 groups; then one call of this process's 8 rows (padded) for
+    # the depth-1 continuations; depth 2 (one child each) continues nothing, so no third call
+    assert generated[0] == 4 and generated[1:] == [8]
     metrics = trainer._metrics["train"]
     assert metrics["groupx/spo_tree_continued_rows"][-1] == continued
     assert metrics["groupx/spo_tree_leaf_copies"][-1] == copied
