@@ -89,6 +89,23 @@ def generate_first_batch(trainer):
     return batch, trainer._generate_and_score_completions(batch)
 
 
+def assert_same_state(a, b, where: str = "state") -> None:
+    """Nested dicts, lists, tuples and tensors equal, bit for bit (a variant's state after a resume, or on two
+    processes)."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), where
+        for key in a:
+            assert_same_state(a[key], b[key], f"{where}[{key!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_state(x, y, f"{where}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b), where
+    else:
+        assert a == b, where
+
+
 def assert_same_weights(a, b) -> None:
     """Every parameter of trainer `a`'s model equals trainer `b`'s, bit for bit (a resumed run against the
     uninterrupted one, a no-op flag against plain TRL)."""

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import trl_groupx
-from tests.conftest import assert_same_weights, build_trainer, grads_differ, one_step
+from tests.conftest import assert_same_state, assert_same_weights, build_trainer, grads_differ, one_step
 from tests.integration.torchrun import launch, needs_torchrun
 from trl_groupx.sampling import pilot_commit as pilot_module
 from trl_groupx.sampling import pilot_commit_glue
@@ -256,23 +256,6 @@ def test_resume_continues_the_selection_exactly(tmp_path, commits):
     assert [c for c, _, _ in commits] == uninterrupted[3:]
     assert_same_state(full.variant_state["pilot_commit"], resumed.variant_state["pilot_commit"])
     assert_same_weights(full, resumed)
-
-
-def assert_same_state(a, b, where="state"):
-    """Nested dicts, lists and tensors equal, bit for bit."""
-    assert type(a) is type(b), where
-    if isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for key in a:
-            assert_same_state(a[key], b[key], f"{where}[{key!r}]")
-    elif isinstance(a, list):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same_state(x, y, f"{where}[{i}]")
-    elif isinstance(a, torch.Tensor):
-        assert torch.equal(a, b), where
-    else:
-        assert a == b, where
 
 
 @needs_torchrun

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import trl_groupx
-from tests.conftest import assert_same_weights, build_trainer
+from tests.conftest import assert_same_state, assert_same_weights, build_trainer
 from trl_groupx.toy import tiny_model_path
 from trl_groupx.trainer import VARIANT_STATE_NAME
 
@@ -43,21 +43,6 @@ def _run(path: Path, variant, resume: str | None = None):
     return trainer
 
 
-def _assert_same_state(a, b, where: str) -> None:
-    if isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for key in a:
-            _assert_same_state(a[key], b[key], f"{where}.{key}")
-    elif isinstance(a, (list, tuple)):
-        assert type(a) is type(b) and len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            _assert_same_state(x, y, f"{where}[{i}]")
-    elif isinstance(a, torch.Tensor):
-        assert torch.equal(a, b), where
-    else:
-        assert a == b, where
-
-
 def test_the_registry_has_stateful_variants():
     assert {"ebpo", "vade", "spo_single"} <= set(STATEFUL)  # the contract below is not vacuous
 
@@ -73,7 +58,7 @@ def test_resume_continues_exactly(tmp_path, variant_id):
     resumed = _run(tmp_path / "resumed", variant, resume=str(checkpoint))
     assert resumed.state.global_step == full.state.global_step == 3
     for key in keys:
-        _assert_same_state(full.variant_state[key], resumed.variant_state[key], key)
+        assert_same_state(full.variant_state[key], resumed.variant_state[key], key)
     assert_same_weights(full, resumed)
 
 
