@@ -396,7 +396,7 @@ def pilot_commit(batch: RolloutBatch, *, state: dict) -> torch.Tensor:
     prompt ids), the candidate stream `pass` / `cursor`, `step` (generation batches selected), `round` (pilot
     rounds run), `draws` (seeds the random rule as `[seed, draws]`), `committed_rounds` `(B, 2)` (pilot round and
     commit round of each prompt of the last batch), `dataset_size`, `success_threshold`, and with reuse on
-    `pilot_rollouts` (buffered prompt → its pilot round, completion ids, per-function and weighted rewards).
+    `pilot_rollouts` (buffered prompt → its pilot round, completion ids, per-function rewards).
     `commit_pilots` (the batch's chosen pilots) lives only between the selection and the generation it feeds.
 
     Args:

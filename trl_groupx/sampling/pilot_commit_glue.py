@@ -65,7 +65,7 @@ class PilotRecorder:
             for c, index in enumerate(indices):
                 self.latest[(round_, int(index))] = {
                     "round": round_, "ids": [torch.tensor(ids, dtype=torch.int64) for ids in completions[c]],
-                    "rewards": per_func[c].float().clone(), "scores": rewards[c].float().clone()}
+                    "rewards": per_func[c].float().clone()}
         return rewards
 
     def _entry(self, index: int, round_: int) -> dict[str, Any]:
@@ -84,11 +84,13 @@ class PilotRecorder:
             return
         rounds = state["committed_rounds"][:, 0].tolist()
         threshold, step = float(state["success_threshold"]), int(state["step"])
+        weights = self.trainer.reward_weights.detach().cpu()
         chosen = []
         for index, round_ in zip(committed, rounds, strict=True):
             entry = self._entry(int(index), int(round_))
             rng = np.random.default_rng([int(seed), step, int(index)])
-            pick = max_variance_subset((entry["scores"] >= threshold).tolist(), self.reused, rng)
+            successes = (weighted_rewards(entry["rewards"], weights) >= threshold).tolist()  # NaN: not a success
+            pick = max_variance_subset(successes, self.reused, rng)
             chosen.append({"round": entry["round"], "ids": [entry["ids"][i] for i in pick],
                            "rewards": entry["rewards"][pick]})
         state["pilot_rollouts"] = {int(i): self._entry(int(i), int(r))
@@ -96,9 +98,15 @@ class PilotRecorder:
         state["commit_pilots"] = chosen
 
 
+def pilot_slots(chosen: list[dict[str, Any]], group_size: int) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
+    """`(global row, completion ids, per-function rewards)` of every pilot row of the batch: rows `g·G … g·G +
+    n_eff − 1` of committed group `g` hold its chosen pilots (`state["commit_pilots"]`)."""
+    return [(g * group_size + slot, ids, entry["rewards"][slot])
+            for g, entry in enumerate(chosen) for slot, ids in enumerate(entry["ids"])]
+
+
 def pilot_rows(trainer: Any, local_n: int) -> dict[int, list[int]]:
-    """This process's rows that hold a committed prompt's pilot rollouts: local row → its completion ids (rows
-    `g·G … g·G + n_eff − 1` of committed group `g`, from `state["commit_pilots"]`)."""
+    """This process's pilot rows (`pilot_slots`): local row → its completion ids."""
     chosen = trainer.variant_state[VARIANT_ID].get("commit_pilots")
     if not chosen:
         return {}
@@ -107,8 +115,8 @@ def pilot_rows(trainer: Any, local_n: int) -> dict[int, list[int]]:
         raise RuntimeError(f"{_SELECTOR}: {local_n * acc.num_processes} rollouts for {len(chosen)} committed groups "
                            f"of {group_size}.")
     start = acc.process_index * local_n
-    return {g * group_size + slot - start: ids.tolist() for g, entry in enumerate(chosen)
-            for slot, ids in enumerate(entry["ids"]) if start <= g * group_size + slot < start + local_n}
+    return {row - start: ids.tolist() for row, ids, _ in pilot_slots(chosen, group_size)
+            if start <= row < start + local_n}
 
 
 def generate_with_pilots(trainer: Any, generate: Any, prompt_ids: list[list[int]], images: Any,
@@ -141,13 +149,12 @@ def reuse_pilot_rollouts(trainer: Any, inputs: list[dict[str, Any]], output: dic
     if not chosen:
         metrics["groupx/pilot_commit_reused_rows"].append(0.0)
         return output
-    group_size = trainer.num_generations
-    rows = [g * group_size + slot for g, entry in enumerate(chosen) for slot in range(len(entry["ids"]))]
+    slots = pilot_slots(chosen, trainer.num_generations)
     rewards_per_func = trainer._rewards_per_func.clone()
-    targets = torch.tensor(rows, dtype=torch.long, device=rewards_per_func.device)
-    rewards_per_func[targets] = torch.cat([entry["rewards"] for entry in chosen]).to(rewards_per_func)
+    targets = torch.tensor([row for row, _, _ in slots], dtype=torch.long, device=rewards_per_func.device)
+    rewards_per_func[targets] = torch.stack([r for _, _, r in slots]).to(rewards_per_func)
     trainer._rewards_per_func = rewards_per_func
     rounds = state["committed_rounds"].double()
-    metrics["groupx/pilot_commit_reused_rows"].append(float(len(rows)))
+    metrics["groupx/pilot_commit_reused_rows"].append(float(len(slots)))
     metrics["groupx/pilot_commit_pilot_age"].append(float((rounds[:, 1] - rounds[:, 0]).mean()))
     return output

@@ -62,17 +62,16 @@ def is_internal(length: int, depth: int, segment_length: int, tree_depth: int) -
     return depth < tree_depth - 1 and length > (depth + 1) * segment_length
 
 
-def tree_plan(lengths: list[int], branching: list[int], segment_length: int) -> list[tuple[int, int, int]]:
-    """What one group's slots do, given the response lengths of the slots that are generated from the prompt
-    (`s % m_0 == 0`, the depth-0 spines; other entries are ignored): `(slot, parent slot, depth)` for every slot
-    `s` that is not a depth-0 spine, in the order they can be filled (by depth). `depth = d*` the first depth at
-    which `s` is a spine; the parent slot `p = s − s mod m_{d*−1}` owns the depth-`(d* − 1)` node above it.
-    Whether `s` continues `p`'s first `d*·M` tokens or copies `p`'s response (the parent node is a leaf) depends on
-    `p`'s length, known only once `p` is filled: `spo_tree_rollouts` decides it level by level."""
+def tree_plan(branching: list[int]) -> list[tuple[int, int, int]]:
+    """What one group's slots do: `(slot, parent slot, depth)` for every slot `s` that is not a depth-0 spine
+    (`s mod m_0 ≠ 0`), in the order they can be filled (by depth). `depth = d*` the first depth at which `s` is a
+    spine; the parent slot `p = s − s mod m_{d*−1}` owns the depth-`(d* − 1)` node above it. Whether `s` continues
+    `p`'s first `d*·M` tokens or copies `p`'s response (the parent node is a leaf) depends on `p`'s length, known
+    only once `p` is filled: `spo_tree_rollouts` decides it level by level."""
     slots = slots_per_node(branching)
     plan = []
     for depth in range(1, len(branching)):
-        for s in range(len(lengths)):
+        for s in range(math.prod(branching)):
             if first_depth(s, slots) == depth:
                 plan.append((s, s - s % slots[depth - 1], depth))
     return plan

@@ -20,7 +20,7 @@ from accelerate.utils import gather_object
 
 from ..sampling.dapo_dynamic_sampling import weighted_rewards
 from .spo_segment import VARIANT_ID
-from .spo_segment_rollouts import generate_continuations
+from .spo_segment_rollouts import _global_max, generate_continuations
 from .spo_tree import default_branching, is_internal, node_values, segment_multiplicity, slots_per_node, tree_plan
 
 SELECTOR = f"token_weighting={VARIANT_ID!r} with spo_segment_mode='tree'"
@@ -34,24 +34,8 @@ def tree_shape(args: Any, num_generations: int) -> tuple[list[int], int]:
     return branching, int(length)
 
 
-def _response(ids: list[int], eos: set[int]) -> list[int]:
-    """A generated response: up to its first EOS (included), else the whole row (TRL pads only finished rows). Read
-    from the ids, not the completion mask, which `mask_truncated_completions` zeroes on truncated rows."""
-    for k, token in enumerate(ids):
-        if token in eos:
-            return ids[: k + 1]
-    return ids
-
-
 def _gather_lists(acc: Any, local: list) -> list:
     return gather_object(local) if acc.num_processes > 1 else list(local)
-
-
-def _equal_calls(acc: Any, count: int) -> int:
-    """The largest `count` over the processes (generate calls of one size everywhere)."""
-    if acc.num_processes == 1:
-        return count
-    return int(acc.gather(torch.tensor([count], device=acc.device)).max())
 
 
 def generate_tree(trainer: Any, generate: Any, prompt_ids: list[list[int]], images: Any, multimodal_fields: Any,
@@ -63,19 +47,18 @@ def generate_tree(trainer: Any, generate: Any, prompt_ids: list[list[int]], imag
     depth_count, m0 = len(branching), slots_per_node(branching)[0]
     local_n = len(prompt_ids)
     start = acc.process_index * local_n
-    eos = set(trainer.eos_token_ids)
     spines = [i for i in range(local_n) if (start + i) % group % m0 == 0]
-    calls = _equal_calls(acc, len(spines))  # one call of equal size on every process (filler: prompt 0)
+    calls = _global_max(acc, [len(spines)])[0]  # one call of equal size on every process (filler: prompt 0)
     first, _ = generate([prompt_ids[i] for i in spines] + [prompt_ids[0]] * (calls - len(spines)), images,
                         multimodal_fields, num_generations, has_tool_images)
     local: list[list[int] | None] = [None] * local_n
     for i, ids in zip(spines, first):
-        local[i] = _response(list(ids), eos)
+        local[i] = list(ids)  # TRL's completions end at their EOS
     completions = _gather_lists(acc, local)  # global, process order
     if len(completions) % group:
         raise ValueError(f"{SELECTOR}: {len(completions)} rollouts do not split into groups of {group}.")
     plan = [(g * group + s, g * group + p, d) for g in range(len(completions) // group)
-            for s, p, d in tree_plan([0] * group, branching, segment)]
+            for s, p, d in tree_plan(branching)]
     continued = copied = 0
     for depth in range(1, depth_count):
         level = [(row, parent) for row, parent, d in plan if d == depth]
@@ -87,7 +70,7 @@ def generate_tree(trainer: Any, generate: Any, prompt_ids: list[list[int]], imag
         budget = max(trainer.max_completion_length - prefix, 1)
         continuations = generate_continuations(trainer, queries, [budget] * len(queries), max(local_n, 1),
                                                list(prompt_ids[0]))
-        new = _gather_lists(acc, [(row, completions[parent][:prefix] + _response(list(c), eos))
+        new = _gather_lists(acc, [(row, completions[parent][:prefix] + list(c))
                                   for (row, parent), c in zip(mine, continuations, strict=True)])
         for row, ids in new:
             completions[row] = ids

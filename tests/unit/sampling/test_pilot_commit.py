@@ -5,6 +5,7 @@ rollouts a committed group trains (the response rule, the kept rollouts of the b
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -206,9 +207,9 @@ def test_max_variance_subset_balances_successes_and_failures():
 
 
 def _entry(round_, index, scores):
-    """A pilot record: completions [index, k], per-function rewards (n, 1) = scores."""
+    """A pilot record: completions [index, k], per-function rewards (n, 1) = scores (one reward function, weight 1)."""
     return {"round": round_, "ids": [torch.tensor([index, k]) for k in range(len(scores))],
-            "rewards": torch.tensor(scores).view(-1, 1), "scores": torch.tensor(scores)}
+            "rewards": torch.tensor(scores).view(-1, 1)}
 
 
 def _recorder(reused, buffered, committed_rounds, stored=None, latest=None):
@@ -217,7 +218,7 @@ def _recorder(reused, buffered, committed_rounds, stored=None, latest=None):
              "committed_rounds": torch.tensor(committed_rounds).view(-1, 2)}
     if stored is not None:
         state["pilot_rollouts"] = stored
-    recorder = PilotRecorder(None, state, samples=4, reused=reused)
+    recorder = PilotRecorder(SimpleNamespace(reward_weights=torch.ones(1)), state, samples=4, reused=reused)
     recorder.latest = latest or {}
     return recorder, state
 

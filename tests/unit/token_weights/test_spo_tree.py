@@ -36,8 +36,8 @@ def test_slots_first_depths_and_plan_of_a_2_2_2_tree():
     assert slots_per_node([2, 2, 2]) == [4, 2, 1] and slots_per_node([3, 2]) == [2, 1]
     assert [first_depth(s, [4, 2, 1]) for s in range(8)] == [0, 2, 1, 2, 0, 2, 1, 2]
     # depth 1: slots 2 and 6 continue the depth-0 spines 0 and 4; depth 2: each odd slot continues the even one
-    assert tree_plan([0] * 8, [2, 2, 2], 3) == [(2, 0, 1), (6, 4, 1), (1, 0, 2), (3, 2, 2), (5, 4, 2), (7, 6, 2)]
-    assert tree_plan([0] * 4, [4], 3) == []  # depth 1: every slot is sampled from the prompt (plain GRPO)
+    assert tree_plan([2, 2, 2]) == [(2, 0, 1), (6, 4, 1), (1, 0, 2), (3, 2, 2), (5, 4, 2), (7, 6, 2)]
+    assert tree_plan([4]) == []  # depth 1: every slot is sampled from the prompt (plain GRPO)
 
 
 def test_a_node_is_internal_when_its_segment_did_not_end_the_response():
